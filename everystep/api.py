@@ -1,0 +1,149 @@
+"""The public surface: `workflow`, `step`, `parallel`, `schedule`.
+
+Outside a running workflow every decorated function is a plain function;
+inside one, step calls are recorded and replayed by `everystep.runner`.
+This module imports no Django, so ``import everystep`` stays cheap.
+"""
+
+import functools
+import sys
+import threading
+
+from everystep import context, registry
+from everystep.errors import EngineSignal, EverystepError, Terminal
+
+
+def workflow(func):
+    """Mark `func` as a workflow, registered as ``module.qualname``.
+
+    Called directly, it runs as a plain function. `schedule()` it to run it
+    durably on a worker.
+    """
+    func.__everystep_workflow__ = registry.register(func)
+    return func
+
+
+def step(func=None, *, unsafe_to_repeat=False):
+    """Mark a function as a step: bare ``@step`` or ``@step(unsafe_to_repeat=True)``.
+
+    Inside a running workflow each call is recorded once and served from the
+    record on replay; a call may pass ``everystep_id="name"`` to take a stable
+    name instead of the next position. An unsafe-to-repeat step is never run
+    twice: if its outcome was lost, the run ends ``blocked``. Outside a
+    workflow the function runs as a plain call and ``everystep_id`` is dropped.
+    """
+    if func is None:
+        return functools.partial(step, unsafe_to_repeat=unsafe_to_repeat)
+
+    name = registry.qualified_name(func)
+
+    @functools.wraps(func)
+    def recorded(*args, everystep_id=None, **kwargs):
+        ctx = context.current()
+        if ctx is None:
+            return func(*args, **kwargs)
+        from everystep import runner
+
+        step_id = ctx.next_step_id(everystep_id)
+        return runner.run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat)
+
+    recorded.__everystep_step__ = name
+    return recorded
+
+
+def parallel(*branches, everystep_id=None):
+    """Run `branches` concurrently, one thread each, and return their results
+    as a tuple in branch order.
+
+    A branch is a zero-argument callable, or a non-empty list of them run in
+    order (its result is a tuple). Every branch runs to completion even when
+    a sibling fails; then one failure is raised as is and several as an
+    `ExceptionGroup`, except that a `Terminal` or an engine signal (drain,
+    uncertain effect) from any branch is raised first. Inside a workflow the
+    fork takes a step id (`everystep_id` names it) and branch ``i`` records its
+    steps under ``<fork>.<i>.``.
+    """
+    for branch in branches:
+        _check_branch(branch)
+    parent = context.current()
+    fork_id = parent.next_step_id(everystep_id) if parent is not None else None
+
+    results = [None] * len(branches)
+    errors = [None] * len(branches)
+
+    def run_branch(index, branch):
+        scope = parent.child(fork_id, index) if parent is not None else None
+        try:
+            with context.activated(scope):
+                if isinstance(branch, list):
+                    results[index] = tuple(call() for call in branch)
+                else:
+                    results[index] = branch()
+        except BaseException as exc:  # noqa: B036 - re-raised on the parent thread
+            errors[index] = exc
+        finally:
+            _close_thread_connections()
+
+    threads = [
+        threading.Thread(target=run_branch, args=(i, b), name=f"everystep-branch-{i}")
+        for i, b in enumerate(branches)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    _raise_branch_errors([error for error in errors if error is not None])
+    return tuple(results)
+
+
+def schedule(workflow_func, *args, idempotency_key=None):
+    """Insert a ``scheduled`` run of `workflow_func` in the caller's current
+    transaction and return its `everystep.models.Workflow` row.
+
+    The run is claimable once that transaction commits and gone if it rolls
+    back. With `idempotency_key`, scheduling the same workflow with the same
+    key again, concurrently or later, returns the existing run.
+    """
+    name = getattr(workflow_func, "__everystep_workflow__", None)
+    if name is None:
+        raise TypeError(f"{workflow_func!r} is not an @everystep.workflow function")
+    if idempotency_key is not None and not (
+        isinstance(idempotency_key, str) and 0 < len(idempotency_key) <= 255
+    ):
+        raise EverystepError("idempotency_key must be a non-empty string of at most 255 characters")
+    from everystep import serde, store
+
+    encoded_args = serde.to_json(list(args))
+    return store.insert_run(name, encoded_args, idempotency_key)
+
+
+def _check_branch(branch):
+    calls = branch if isinstance(branch, list) else [branch]
+    if not calls or not all(callable(call) for call in calls):
+        raise TypeError(
+            "parallel() takes zero-argument callables or non-empty lists of them, "
+            f"not {branch!r}"
+        )
+
+
+def _raise_branch_errors(errors):
+    """Raise what a fork's failed branches amount to (see `parallel`)."""
+    if not errors:
+        return
+    for urgent in (EngineSignal, Terminal):
+        for error in errors:
+            if isinstance(error, urgent):
+                raise error
+    if len(errors) == 1:
+        raise errors[0]
+    if all(isinstance(error, Exception) for error in errors):
+        raise ExceptionGroup("several parallel branches failed", errors)
+    raise BaseExceptionGroup("several parallel branches failed", errors)
+
+
+def _close_thread_connections():
+    """Close this thread's Django connections, if Django is in use at all."""
+    if "django.db" in sys.modules:
+        from django.db import connections
+
+        connections.close_all()

@@ -1,0 +1,123 @@
+"""The execution context of a running workflow, one per thread.
+
+The runner sets a `Context` on the thread that runs a workflow body and
+clears it when the body returns; `parallel()` gives each branch thread a
+child context. Everything a run's contexts share — its identity, its claim,
+the outcome store and the draining flag — lives in one `RunState`; each
+context owns only its scope: an id prefix, a counter and the names used.
+
+The outcome store is a plain dict read and written from several branch
+threads. Each step writes its own key once, with a fresh dict, and readers
+do plain lookups: atomic under CPython's GIL, so no lock is needed.
+"""
+
+import dataclasses
+import re
+import threading
+import uuid
+
+from everystep.errors import EverystepError
+
+MAX_STEP_ID_LENGTH = 300
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
+_local = threading.local()
+
+
+def current():
+    """The running workflow's `Context` on this thread, or None outside a run."""
+    return getattr(_local, "context", None)
+
+
+class activated:
+    """Context manager that makes `context` this thread's current one and
+    restores the previous one on exit."""
+
+    def __init__(self, context):
+        self.context = context
+
+    def __enter__(self):
+        self.previous = current()
+        _local.context = self.context
+        return self.context
+
+    def __exit__(self, *exc_info):
+        _local.context = self.previous
+
+
+@dataclasses.dataclass(eq=False)
+class RunState:
+    """What all contexts of one run attempt share."""
+
+    workflow_id: uuid.UUID
+    workflow_name: str
+    claim_token: uuid.UUID | None
+    outcomes: dict = dataclasses.field(default_factory=dict)
+    draining: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+class Context:
+    """One scope of a running workflow: the body, or one branch of a fork.
+
+    `outcomes` maps step id → ``{"name", "status", "result", "error"}`` for
+    everything recorded so far in this run, values decoded.
+    """
+
+    def __init__(self, run, prefix=""):
+        self.run = run
+        self.prefix = prefix
+        self._counter = 0
+        self._names = set()
+
+    @property
+    def workflow_id(self):
+        return self.run.workflow_id
+
+    @property
+    def workflow_name(self):
+        return self.run.workflow_name
+
+    @property
+    def outcomes(self):
+        return self.run.outcomes
+
+    @property
+    def draining(self):
+        return self.run.draining.is_set()
+
+    def next_step_id(self, name=None):
+        """The id of the next step or fork in this scope (§2 of the contract).
+
+        Unnamed calls take the scope's next number; a named call takes its
+        name and leaves the counter alone. Raises `EverystepError` for a bad
+        or repeated name, or an id longer than 300 characters.
+        """
+        if name is None:
+            self._counter += 1
+            step_id = f"{self.prefix}{self._counter}"
+        else:
+            self._check_name(name)
+            self._names.add(name)
+            step_id = f"{self.prefix}{name}"
+        if len(step_id) > MAX_STEP_ID_LENGTH:
+            raise EverystepError(
+                f"step id {step_id[:40]}... is {len(step_id)} characters long; "
+                f"the limit is {MAX_STEP_ID_LENGTH}"
+            )
+        return step_id
+
+    def child(self, fork_id, index):
+        """The context of branch `index` of the fork `fork_id`: a new scope
+        sharing this run's state."""
+        return Context(self.run, prefix=f"{fork_id}.{index}.")
+
+    def _check_name(self, name):
+        if not isinstance(name, str) or not _NAME.fullmatch(name) or name.isdigit():
+            raise EverystepError(
+                f"bad everystep_id {name!r}: use letters, digits, '_' and '-', "
+                f"not digits alone (those are the positional ids)"
+            )
+        if name in self._names:
+            raise EverystepError(
+                f"everystep_id {name!r} is used twice in scope {self.prefix or '(body)'!r}: "
+                f"names must be unique within a workflow body or branch"
+            )

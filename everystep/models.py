@@ -1,0 +1,102 @@
+"""The two tables everystep keeps: one row per run, one row per recorded step.
+
+Both hold arguments and results in the JSON encoding of `everystep.serde`,
+read back decoded. A run's ``claim_token`` changes with every claim: the
+runner's writes are fenced on it (see `everystep.store`).
+"""
+
+import uuid6
+from django.db import models
+from django.utils import timezone
+
+from everystep import serde
+
+
+class EncodedJSONField(models.JSONField):
+    """A JSON column holding values in everystep's tagged encoding: datetimes,
+    UUIDs, bytes, tuples and enums read back as themselves."""
+
+    def get_prep_value(self, value):
+        return super().get_prep_value(serde.to_json(value))
+
+    def from_db_value(self, value, expression, connection):
+        data = super().from_db_value(value, expression, connection)
+        return serde.from_json(data)
+
+
+class Workflow(models.Model):
+    """A run of a workflow: its arguments, where it stands and how it ended."""
+
+    class Status(models.TextChoices):
+        SCHEDULED = "scheduled"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        STOPPED = "stopped"
+        BLOCKED = "blocked"
+
+    TERMINAL = (Status.COMPLETED, Status.FAILED, Status.STOPPED, Status.BLOCKED)
+
+    id = models.UUIDField(primary_key=True, default=uuid6.uuid7, editable=False)
+    name = models.CharField(max_length=300)
+    args = EncodedJSONField(default=list)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.SCHEDULED)
+    claimed_by = models.CharField(max_length=255, null=True, blank=True)
+    claim_token = models.UUIDField(null=True, blank=True, editable=False)
+    result = EncodedJSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "everystep_workflow"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["name", "idempotency_key"], name="everystep_workflow_idempotency"
+            ),
+        ]
+        indexes = [
+            # The claim reads scheduled runs in creation order: with status
+            # leading, it seeks straight to them however many finished runs
+            # the table holds.
+            models.Index(fields=["status", "created_at"], name="everystep_workflow_claim"),
+            models.Index(fields=["claimed_by", "status"], name="everystep_workflow_claimed_by"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} {self.id} ({self.status})"
+
+
+class Step(models.Model):
+    """The recorded outcome of one step of a run, unique by ``step_id``."""
+
+    class Status(models.TextChoices):
+        DONE = "done"
+        FAILED = "failed"
+        STARTED = "started"
+
+    # The unique (workflow, step_id) index serves lookups by workflow, so the
+    # foreign key needs no index of its own (one less index per step write).
+    workflow = models.ForeignKey(
+        Workflow, on_delete=models.CASCADE, related_name="steps", db_index=False
+    )
+    step_id = models.CharField(max_length=300)
+    name = models.CharField(max_length=300)
+    args = EncodedJSONField(default=list)
+    kwargs = EncodedJSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices)
+    result = EncodedJSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "everystep_step"
+        constraints = [
+            models.UniqueConstraint(fields=["workflow", "step_id"], name="everystep_step_identity"),
+        ]
+
+    def __str__(self):
+        return f"{self.step_id} {self.name} ({self.status})"

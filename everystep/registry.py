@@ -1,0 +1,44 @@
+"""The workflows this process can run, by qualified name ``module.qualname``."""
+
+from everystep.errors import EverystepError
+
+MAX_NAME_LENGTH = 300
+_workflows = {}
+
+
+def qualified_name(func):
+    """The name a function is registered and recorded under."""
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+def register(func):
+    """Register `func` as a workflow and return its name. Registering the same
+    name again replaces the earlier function (a module reloaded)."""
+    name = qualified_name(func)
+    if len(name) > MAX_NAME_LENGTH:
+        raise EverystepError(f"workflow name {name!r} is longer than {MAX_NAME_LENGTH} characters")
+    _workflows[name] = func
+    return name
+
+
+def get(name):
+    """The workflow registered under `name`, or None."""
+    return _workflows.get(name)
+
+
+def names():
+    """The registered workflow names, sorted."""
+    return sorted(_workflows)
+
+
+def find(name):
+    """The registered name for `name`: a qualified name, or a bare function
+    name that matches exactly one workflow. Raises `LookupError` otherwise."""
+    if name in _workflows:
+        return name
+    matches = [full for full in _workflows if full.rsplit(".", 1)[-1] == name]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise LookupError(f"workflow name {name!r} is ambiguous: {', '.join(sorted(matches))}")
+    raise LookupError(f"no workflow named {name!r} is registered")

@@ -1,0 +1,204 @@
+"""The replay engine: runs a claimed workflow body, recording every step.
+
+A run is executed by calling its body from the top. Each step call is
+resolved to a step id; an outcome recorded under that id is served from the
+store without calling the function, and only steps never recorded execute.
+The order of a new step is fixed (§3 of the contract): validate arguments,
+insert a ``started`` row for an unsafe-to-repeat step, call the function,
+validate the result, call `fault`, then record the outcome. A process that
+dies anywhere in between leaves the step unrecorded, so it runs again on
+resume — or, when it is unsafe to repeat, the run ends ``blocked``.
+
+How an attempt ends decides the run's state: a return → ``completed``;
+`Terminal` → ``stopped``; `EffectUncertain` → ``blocked``; `DrainOrphan` →
+back to ``scheduled``; any other exception → ``failed``; `SimulatedCrash` →
+untouched, exactly as a dead process would leave it.
+"""
+
+import logging
+import threading
+import time
+
+from django.utils import timezone
+
+from everystep import context, registry, retry, serde, store
+from everystep.errors import (
+    ClaimLost,
+    DrainOrphan,
+    EffectUncertain,
+    EngineError,
+    EverystepError,
+    SimulatedCrash,
+    Terminal,
+    WorkflowCodeError,
+)
+from everystep.models import Step, Workflow
+
+logger = logging.getLogger(__name__)
+
+#: Test hook, None in production: called as ``fault(ctx, step_id)`` after a
+#: step's function returned or raised and before its outcome is written.
+fault = None
+
+Status = Workflow.Status
+
+
+def execute(claimed, draining=None):
+    """Run one claimed attempt of a workflow to the end of the attempt.
+
+    `claimed` is a `store.ClaimedRun`; `draining`, a `threading.Event` the
+    worker sets to stop new steps. Returns the run's status afterwards —
+    ``scheduled`` when it was requeued, ``running`` after a simulated crash —
+    or None when the claim was lost to another runner. An error of the
+    engine's own (not of the workflow's code) propagates to the caller.
+    """
+    run = context.RunState(
+        claimed.id, claimed.name, claimed.claim_token, draining=draining or threading.Event()
+    )
+    started = time.monotonic()
+    try:
+        run.outcomes.update(_guarded(lambda attempt: store.load_outcomes(run.workflow_id), "loading steps"))
+        body = registry.get(run.workflow_name)
+        if body is None:
+            raise EverystepError(
+                f"workflow {run.workflow_name} is not registered in this worker: "
+                f"import the module that defines it"
+            )
+        with context.activated(context.Context(run)):
+            result = body(*claimed.args)
+        serde.to_json(result)
+    except Terminal as exc:
+        return _finish(run, Status.STOPPED, started, error=serde.encode_exception(exc))
+    except EffectUncertain as exc:
+        logger.warning("run %s blocked: %s", run.workflow_id, exc, extra={"action": "run_blocked"})
+        return _finish(run, Status.BLOCKED, started, error=serde.encode_exception(exc))
+    except DrainOrphan:
+        return _requeue(run)
+    except SimulatedCrash:
+        return Status.RUNNING
+    except ClaimLost:
+        logger.warning(
+            "run %s: claim lost to another runner, dropping this attempt's writes",
+            run.workflow_id,
+            extra={"action": "claim_lost", "run_id": str(run.workflow_id)},
+        )
+        return None
+    except EngineError as exc:
+        raise exc.error from None
+    except Exception as exc:
+        return _finish(run, Status.FAILED, started, error=serde.encode_exception(exc))
+    return _finish(run, Status.COMPLETED, started, result=result)
+
+
+def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
+    """Execute or replay one step call of the running workflow `ctx`."""
+    run = ctx.run
+    recorded = run.outcomes.get(step_id)
+    rerun_started = False
+    if recorded is not None:
+        if recorded["name"] != name:
+            raise WorkflowCodeError(
+                f"run {run.workflow_id} recorded step {step_id} as {recorded['name']}, "
+                f"but the workflow now calls {name} there: its code changed under a run "
+                f"in flight"
+            )
+        if recorded["status"] == Step.Status.DONE:
+            return recorded["result"]
+        if recorded["status"] == Step.Status.FAILED:
+            raise serde.decode_exception(recorded["error"])
+        if unsafe_to_repeat:
+            raise EffectUncertain(run.workflow_id, step_id)
+        rerun_started = True  # now safe to repeat: run it again, complete its row
+    if ctx.draining:
+        raise DrainOrphan(run.workflow_id, step_id)
+
+    step = {"step_id": step_id, "name": name, "started_at": timezone.now()}
+    step["args"] = serde.to_json(list(args))
+    step["kwargs"] = serde.to_json(kwargs)
+    if unsafe_to_repeat:
+        _record(run, step, Step.Status.STARTED, None, None, update=False)
+
+    try:
+        result = func(*args, **kwargs)
+    except Exception as exc:
+        error, status, result = exc, Step.Status.FAILED, None
+        encoded_result, encoded_error = None, serde.encode_exception(exc)
+    else:
+        error, status = None, Step.Status.DONE
+        encoded_result, encoded_error = serde.to_json(result), None
+
+    if fault is not None:
+        fault(ctx, step_id)
+    _record(
+        run, step, status, encoded_result, encoded_error, update=unsafe_to_repeat or rerun_started
+    )
+    run.outcomes[step_id] = {"name": name, "status": status, "result": result, "error": encoded_error}
+    if error is not None:
+        raise error
+    return result
+
+
+def _record(run, step, status, result, error, *, update):
+    """Write a step's outcome (or its ``started`` row), fenced and retried;
+    raise `ClaimLost` if the run is no longer this runner's."""
+
+    def write(attempt):
+        if update:
+            return store.complete_started_step(run, step["step_id"], status, result, error)
+        landed = store.record_step(run, status=status, result=result, error=error, **step)
+        if landed is None:  # the row is there: ours if this is a retry
+            return attempt > 1
+        return landed
+
+    if not _guarded(write, f"recording step {step['step_id']} of run {run.workflow_id}"):
+        raise ClaimLost(run.workflow_id, step["step_id"])
+
+
+def _finish(run, status, started, *, result=None, error=None):
+    landed = retry.retrying(
+        lambda attempt: store.finish_run(run, status, result=result, error=error),
+        what=f"finishing run {run.workflow_id}",
+    )
+    if not landed:
+        logger.warning(
+            "run %s: claim lost before it could end %s; dropped",
+            run.workflow_id,
+            status,
+            extra={"action": "claim_lost", "run_id": str(run.workflow_id)},
+        )
+        return None
+    log = logger.info if status == Status.COMPLETED else logger.warning
+    log(
+        "run %s %s %s in %.0f ms%s",
+        run.workflow_id,
+        run.workflow_name,
+        status,
+        (time.monotonic() - started) * 1000,
+        f": {error['type']}: {error['message']}" if error else "",
+        extra={"action": f"run_{status}", "run_id": str(run.workflow_id)},
+    )
+    return status
+
+
+def _requeue(run):
+    requeued = retry.retrying(
+        lambda attempt: store.requeue_run(run), what=f"requeuing run {run.workflow_id}"
+    )
+    if not requeued:
+        return None
+    logger.info(
+        "run %s requeued at a step boundary (worker draining)",
+        run.workflow_id,
+        extra={"action": "run_requeued", "run_id": str(run.workflow_id)},
+    )
+    return Status.SCHEDULED
+
+
+def _guarded(operation, what):
+    """Run one of the engine's own database operations from inside a workflow
+    body: transient errors are retried; any other error is wrapped so that
+    workflow code cannot swallow it."""
+    try:
+        return retry.retrying(operation, what=what)
+    except Exception as exc:
+        raise EngineError(exc) from exc

@@ -1,0 +1,159 @@
+"""The JSON encoding of everything everystep stores.
+
+Arguments, results and errors are stored as JSON. Beyond plain JSON types,
+these round-trip as tagged objects ``{"__es__": TAG, "v": VALUE}``:
+`datetime`, `date` (ISO 8601), `timedelta` (seconds), `UUID`, `bytes` and
+`bytearray` (base64), `tuple`, and `enum.Enum` members (class path + value).
+A dict that itself holds the key ``"__es__"`` is tagged too, so no user value
+is ever mistaken for a tag. Anything else is refused with `EverystepError`
+naming the type, before anything is written.
+"""
+
+import base64
+import datetime
+import enum
+import importlib
+import json
+import math
+import uuid
+
+from everystep.errors import EverystepError, StepFailure
+
+TAG = "__es__"
+
+
+def to_json(value):
+    """Return `value` as plain JSON data (dicts, lists, str, numbers, None),
+    tagging the extra types; raise `EverystepError` for anything else."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, enum.Enum):
+        return _tagged("enum", {"class": _dotted_name(type(value)), "value": to_json(value.value)})
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise EverystepError(f"cannot serialize the float {value!r}: JSON has no NaN or infinity")
+        return value
+    if isinstance(value, list):
+        return [to_json(item) for item in value]
+    if isinstance(value, tuple):
+        return _tagged("tuple", [to_json(item) for item in value])
+    if isinstance(value, dict):
+        return _dict_to_json(value)
+    if isinstance(value, datetime.datetime):
+        return _tagged("datetime", value.isoformat())
+    if isinstance(value, datetime.date):
+        return _tagged("date", value.isoformat())
+    if isinstance(value, datetime.timedelta):
+        return _tagged("timedelta", value.total_seconds())
+    if isinstance(value, uuid.UUID):
+        return _tagged("uuid", str(value))
+    if isinstance(value, bytes | bytearray):
+        tag = "bytes" if isinstance(value, bytes) else "bytearray"
+        return _tagged(tag, base64.b64encode(value).decode("ascii"))
+    raise EverystepError(
+        f"cannot serialize a value of type {_dotted_name(type(value))}: everystep stores JSON "
+        f"types plus datetime, date, timedelta, UUID, bytes, tuple and Enum"
+    )
+
+
+def from_json(data):
+    """Rebuild the Python value that `to_json` encoded as `data`."""
+    if isinstance(data, list):
+        return [from_json(item) for item in data]
+    if not isinstance(data, dict):
+        return data
+    if TAG not in data:
+        return {key: from_json(item) for key, item in data.items()}
+    return _DECODERS[data[TAG]](data["v"])
+
+
+def encode(value):
+    """Serialize `value` to JSON text (see `to_json`)."""
+    return json.dumps(to_json(value), separators=(",", ":"))
+
+
+def decode(text):
+    """Parse JSON text written by `encode` back into Python values."""
+    return from_json(json.loads(text))
+
+
+def encode_exception(exc):
+    """Describe `exc` as ``{"type": "module.Class", "message": str, "args": list}``.
+
+    Arguments that cannot be serialized are replaced by the message, so that
+    any exception can be recorded.
+    """
+    try:
+        args = to_json(list(exc.args))
+    except EverystepError:
+        args = [str(exc)]
+    return {"type": _dotted_name(type(exc)), "message": str(exc), "args": args}
+
+
+def decode_exception(payload):
+    """Rebuild the exception `encode_exception` described: the original class
+    when it can be imported and built from its args, else `StepFailure`."""
+    type_name = payload.get("type") or ""
+    message = payload.get("message", "")
+    try:
+        cls = import_dotted(type_name)
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise TypeError(f"{type_name} is not an exception class")
+        return cls(*from_json(payload.get("args", [message])))
+    except Exception:
+        return StepFailure(message, type_name)
+
+
+def import_dotted(path):
+    """Import ``module.Qual.Name``: the longest importable module prefix, then
+    attributes. Raises ImportError or AttributeError when it is not there."""
+    parts = path.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            obj = getattr(obj, attribute)
+        return obj
+    raise ImportError(f"cannot import {path!r}")
+
+
+def _dotted_name(cls):
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _tagged(tag, value):
+    return {TAG: tag, "v": value}
+
+
+def _dict_to_json(value):
+    encoded = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise EverystepError(
+                f"cannot serialize a dict key of type {_dotted_name(type(key))}: "
+                f"JSON object keys are strings"
+            )
+        encoded[key] = to_json(item)
+    return _tagged("dict", encoded) if TAG in encoded else encoded
+
+
+def _decode_enum(value):
+    cls = import_dotted(value["class"])
+    return cls(from_json(value["value"]))
+
+
+_DECODERS = {
+    "dict": lambda v: {key: from_json(item) for key, item in v.items()},
+    "tuple": lambda v: tuple(from_json(item) for item in v),
+    "datetime": datetime.datetime.fromisoformat,
+    "date": datetime.date.fromisoformat,
+    "timedelta": lambda v: datetime.timedelta(seconds=v),
+    "uuid": uuid.UUID,
+    "bytes": base64.b64decode,
+    "bytearray": lambda v: bytearray(base64.b64decode(v)),
+    "enum": _decode_enum,
+}

@@ -1,0 +1,247 @@
+"""Every read and write the engine makes, each one database round trip.
+
+The runner's writes are *fenced*: they only land while the run is still
+``running`` under the claim token the runner was given. A runner that lost
+its claim (requeued at a drain deadline, reset by an operator, claimed by
+another worker) writes nothing; the caller sees ``False`` and stops. The
+fence costs no extra query: it is a condition of the write itself, and the
+step-writing statements take a share lock on the run's row so that a
+concurrent requeue or claim is ordered before or after them, never between.
+"""
+
+import dataclasses
+import json
+import uuid
+
+from django.db import IntegrityError, connection, models, transaction
+from django.utils import timezone
+
+from everystep import serde
+from everystep.models import Step, Workflow
+
+RUNNING = Workflow.Status.RUNNING
+SCHEDULED = Workflow.Status.SCHEDULED
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedRun:
+    """A run this process now owns, with what the runner needs to execute it."""
+
+    id: uuid.UUID
+    name: str
+    args: list
+    claim_token: uuid.UUID
+
+
+def insert_run(name, args, idempotency_key=None):
+    """Insert a scheduled run in the current transaction; one INSERT.
+
+    With an idempotency key the INSERT ignores a conflict on (name, key) and
+    the run holding the key is read back, so concurrent callers all get the
+    same run and no transaction is aborted.
+    """
+    run = Workflow(name=name, args=args, idempotency_key=idempotency_key)
+    if idempotency_key is None:
+        run.save(force_insert=True)
+        return run
+    Workflow.objects.bulk_create([run], ignore_conflicts=True)
+    return Workflow.objects.get(name=name, idempotency_key=idempotency_key)
+
+
+def claim(worker_name, limit, *, only_parked=False):
+    """Claim up to `limit` runs for `worker_name` in one transaction, oldest
+    first, and return them as `ClaimedRun`s with a fresh claim token.
+
+    Normally this takes ``scheduled`` runs; with `only_parked` it takes back
+    the ``running`` runs already claimed under `worker_name` (the startup
+    catchup after a crash). Concurrent claimers never take the same run.
+    """
+    if limit <= 0:
+        return []
+    token = uuid.uuid4()
+    now = timezone.now()
+    if not only_parked and connection.vendor == "postgresql":
+        return _claim_in_one_statement(worker_name, limit, token, now)
+    candidates = Workflow.objects.filter(status=RUNNING if only_parked else SCHEDULED)
+    if only_parked:
+        candidates = candidates.filter(claimed_by=worker_name)
+    skip_locked = connection.features.has_select_for_update_skip_locked
+    with transaction.atomic():
+        rows = list(
+            candidates.select_for_update(skip_locked=skip_locked)
+            .order_by("created_at")
+            .values_list("id", "name", "args")[:limit]
+        )
+        if rows:
+            Workflow.objects.filter(id__in=[row[0] for row in rows]).update(
+                status=RUNNING, claimed_by=worker_name, claim_token=token, claimed_at=now
+            )
+    return [ClaimedRun(id, name, args, token) for id, name, args in rows]
+
+
+def _claim_in_one_statement(worker_name, limit, token, now):
+    sql = """
+        UPDATE everystep_workflow
+           SET status = %s, claimed_by = %s, claim_token = %s, claimed_at = %s
+         WHERE id IN (SELECT id FROM everystep_workflow
+                       WHERE status = %s ORDER BY created_at LIMIT %s
+                       FOR UPDATE SKIP LOCKED)
+     RETURNING id, name, args
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [RUNNING, worker_name, token, now, SCHEDULED, limit])
+        rows = cursor.fetchall()
+    runs = [ClaimedRun(id, name, _decode_json(args), token) for id, name, args in rows]
+    return sorted(runs, key=lambda run: run.id)
+
+
+def load_outcomes(workflow_id):
+    """The recorded steps of a run as the outcome store: step id →
+    ``{"name", "status", "result", "error"}``, values decoded; one query."""
+    rows = Step.objects.filter(workflow_id=workflow_id).values_list(
+        "step_id", "name", "status", "result", "error"
+    )
+    return {
+        step_id: {"name": name, "status": status, "result": result, "error": error}
+        for step_id, name, status, result, error in rows
+    }
+
+
+def run_exists(workflow_id):
+    """Whether the run's row is still there."""
+    return Workflow.objects.filter(id=workflow_id).exists()
+
+
+def record_step(run, step_id, name, args, kwargs, status, result, error, started_at):
+    """Insert a step's outcome (`args`, `kwargs`, `result` already encoded by
+    `serde.to_json`), fenced on the run's claim.
+
+    Returns True when it landed, False when the fence refused it, and None
+    when a row is already at this id: either this very write landed before
+    its connection was lost, or another runner owns the run.
+    """
+    values = {
+        "step_id": step_id,
+        "name": name,
+        "args": args,
+        "kwargs": kwargs,
+        "status": status,
+        "result": result,
+        "error": error,
+        "started_at": started_at,
+        "finished_at": None if status == Step.Status.STARTED else timezone.now(),
+    }
+    columns = ", ".join(values)
+    placeholders = ", ".join(_placeholder(Step, column) for column in values)
+    sql = (
+        f"INSERT INTO everystep_step (workflow_id, {columns}) "
+        f"SELECT w.id, {placeholders} FROM everystep_workflow w "
+        f"WHERE w.id = %s AND w.status = %s AND w.claim_token = %s {_share_lock()}"
+    )
+    params = [_prep(Step, column, value) for column, value in values.items()]
+    params += _fence_params(run)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.rowcount == 1
+    except IntegrityError:
+        return None
+
+
+def complete_started_step(run, step_id, status, result, error):
+    """Turn a step's ``started`` row into its outcome, in place, fenced.
+    Returns whether it landed."""
+    sql = (
+        "UPDATE everystep_step SET status = %s, result = %s, error = %s, finished_at = %s "
+        "WHERE workflow_id = %s AND step_id = %s AND status = %s AND EXISTS ("
+        "SELECT 1 FROM everystep_workflow w "
+        f"WHERE w.id = %s AND w.status = %s AND w.claim_token = %s {_share_lock()})"
+    )
+    params = [
+        status,
+        _prep(Step, "result", result),
+        _prep(Step, "error", error),
+        _prep(Step, "finished_at", timezone.now()),
+        _prep(Workflow, "id", run.workflow_id),
+        step_id,
+        Step.Status.STARTED,
+        *_fence_params(run),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == 1
+
+
+def finish_run(run, status, *, result=None, error=None):
+    """Move the run to a terminal `status`, fenced. Returns whether it landed."""
+    updated = _fenced(run).update(
+        status=status, result=result, error=error, completed_at=timezone.now()
+    )
+    return updated == 1
+
+
+def requeue_run(run):
+    """Put the run back to ``scheduled`` with its claim released, fenced.
+    Returns whether it landed."""
+    return _fenced(run).update(**_RELEASED) == 1
+
+
+def requeue_runs(workflow_ids=None, *, claimed_by=None):
+    """Operator recovery: put ``running`` runs (by id, or all claimed by a
+    worker name) back to ``scheduled``. Returns the ids requeued."""
+    runs = Workflow.objects.filter(status=RUNNING)
+    if workflow_ids is not None:
+        runs = runs.filter(id__in=workflow_ids)
+    if claimed_by is not None:
+        runs = runs.filter(claimed_by=claimed_by)
+    with transaction.atomic():
+        ids = list(runs.select_for_update().values_list("id", flat=True))
+        Workflow.objects.filter(id__in=ids, status=RUNNING).update(**_RELEASED)
+    return ids
+
+
+_RELEASED = {"status": SCHEDULED, "claimed_by": None, "claim_token": None, "claimed_at": None}
+
+
+def _fenced(run):
+    return Workflow.objects.filter(id=run.workflow_id, status=RUNNING, claim_token=run.claim_token)
+
+
+def _fence_params(run):
+    return [
+        _prep(Workflow, "id", run.workflow_id),
+        RUNNING,
+        _prep(Workflow, "claim_token", run.claim_token),
+    ]
+
+
+def _share_lock():
+    """The clause that share-locks the run's row in the fence subquery."""
+    if connection.vendor == "postgresql":
+        return "FOR SHARE"
+    if connection.vendor == "mysql":
+        return "LOCK IN SHARE MODE"
+    return ""  # SQLite: one writer at a time already
+
+
+def _placeholder(model, column):
+    """A parameter placeholder typed for `column`. PostgreSQL cannot infer
+    the type of a bare parameter in an INSERT … SELECT list."""
+    if connection.vendor == "postgresql":
+        return f"CAST(%s AS {model._meta.get_field(column).db_type(connection)})"
+    return "%s"
+
+
+def _prep(model, column, value):
+    """`value` as the database driver wants it for `column`. JSON values
+    arrive already encoded and are only adapted."""
+    field = model._meta.get_field(column)
+    if isinstance(field, models.JSONField):
+        return None if value is None else connection.ops.adapt_json_value(value, None)
+    return field.get_db_prep_value(value, connection)
+
+
+def _decode_json(value):
+    if isinstance(value, str | bytes):
+        value = json.loads(value)
+    return serde.from_json(value)

@@ -1,0 +1,40 @@
+"""Django settings for the test suite.
+
+The backend comes from ``EVERYSTEP_TEST_DB`` (postgres, mariadb or sqlite).
+``EVERYSTEP_DATABASE_URL``, when set, names the database outright: the
+suite sets it for the worker subprocesses it starts, so they use its test
+database.
+"""
+
+import os
+import tempfile
+
+from everystep_config.database import database_settings
+from tests import servers
+
+BACKEND = os.environ.get("EVERYSTEP_TEST_DB", "sqlite")
+
+_url = os.environ.get("EVERYSTEP_DATABASE_URL")
+if _url is None:
+    if BACKEND == "sqlite":
+        _url = f"sqlite:///{tempfile.gettempdir()}/everystep-tests-{os.getpid()}.sqlite3"
+    else:
+        _url = servers.server_url(BACKEND)
+
+DATABASES = {"default": database_settings(_url)}
+if BACKEND == "sqlite" and "EVERYSTEP_DATABASE_URL" not in os.environ:
+    # A file, not Django's shared in-memory test database: worker threads and
+    # subprocesses must all see it.
+    DATABASES["default"]["TEST"] = {"NAME": DATABASES["default"]["NAME"]}
+
+INSTALLED_APPS = ["everystep"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+SECRET_KEY = "everystep-tests"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"everystep": {"handlers": ["stderr"], "level": "INFO"}},
+}

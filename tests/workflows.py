@@ -1,0 +1,216 @@
+"""Workflows the tests run, in a module of their own so that worker
+subprocesses can import them too (``EVERYSTEP_WORKFLOWS=tests.workflows``).
+
+`calls` counts how often each step function really executed, so that tests
+can tell a replayed step (served from the record) from an executed one.
+"""
+
+import collections
+import datetime
+import enum
+import threading
+import uuid
+
+from everystep import Terminal, context, parallel, step, workflow
+
+calls = collections.Counter()
+_calls_lock = threading.Lock()
+
+
+def count(name):
+    with _calls_lock:
+        calls[name] += 1
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+class Priority(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+class CustomError(Exception):
+    pass
+
+
+class UnbuildableError(Exception):
+    """An exception whose constructor cannot be called from its stored args."""
+
+    def __init__(self, code, detail):
+        super().__init__(f"{code}: {detail}")
+
+
+@step
+def add(a, b):
+    count("add")
+    return a + b
+
+
+@step
+def echo(value):
+    count("echo")
+    return value
+
+
+@step
+def fail(message):
+    count("fail")
+    raise CustomError(message)
+
+
+@step
+def fail_unbuildable():
+    count("fail_unbuildable")
+    raise UnbuildableError(7, "out of order")
+
+
+@step
+def identify(tag):
+    """Return which run and scope this step ran in, as its context says."""
+    ctx = context.current()
+    return [str(ctx.workflow_id), ctx.prefix, tag]
+
+
+@step
+def stop_here(reason):
+    count("stop_here")
+    raise Terminal(reason, {"why": reason})
+
+
+@step(unsafe_to_repeat=True)
+def charge(amount):
+    count("charge")
+    return {"charged": amount}
+
+
+@step
+def not_serializable():
+    count("not_serializable")
+    return object()
+
+
+@workflow
+def add_twice(a, b):
+    return add(add(a, b), b)
+
+
+@workflow
+def named_and_positional():
+    first = echo("one")
+    named = echo("two", everystep_id="middle")
+    second = echo("three")
+    return [first, named, second]
+
+
+@workflow
+def fork_ids():
+    echo("before")
+    results = parallel(lambda: echo("b0"), [lambda: echo("b1-1"), lambda: echo("b1-2")])
+    parallel(lambda: echo("x"), lambda: echo("y", everystep_id="attach"), everystep_id="fanout")
+    echo("after")
+    return results
+
+
+@workflow
+def echo_values(*values):
+    return [echo(value) for value in values]
+
+
+@workflow
+def with_cleanup():
+    try:
+        fail("boom")
+    except CustomError as exc:
+        echo(f"cleaned up after {exc}")
+        return "recovered"
+
+
+@workflow
+def failing_body():
+    echo("first")
+    raise CustomError("the body itself failed")
+
+
+@workflow
+def unbuildable_failure():
+    try:
+        fail_unbuildable()
+    except Exception as exc:
+        return [type(exc).__name__, str(exc)]
+
+
+@workflow
+def stop_in_body():
+    echo("first")
+    raise Terminal("not today", {"retry": False})
+
+
+@workflow
+def stop_in_branch():
+    parallel(lambda: echo("healthy"), lambda: stop_here("branch says stop"))
+    echo("never")
+
+
+@workflow
+def one_branch_fails():
+    parallel(lambda: echo("healthy"), lambda: fail("one"))
+
+
+@workflow
+def two_branches_fail():
+    parallel(lambda: fail("left"), lambda: echo("healthy"), lambda: fail("right"))
+
+
+@workflow
+def pay(amount):
+    receipt = charge(amount)
+    echo("receipt sent")
+    return receipt
+
+
+@workflow
+def returns_unserializable():
+    return object()
+
+
+@workflow
+def calls_unserializable_step():
+    not_serializable()
+
+
+@workflow
+def typed_values(value):
+    return echo(value)
+
+
+@workflow
+def whoami(tag):
+    """Record which run and scope every step saw, across a fork."""
+    first = identify(tag)
+    left, right = parallel(lambda: identify(tag), lambda: identify(tag))
+    return [first, left, right]
+
+
+SAMPLE_VALUES = [
+    None,
+    True,
+    3,
+    2.5,
+    "text",
+    [1, "two"],
+    {"nested": {"list": [1, 2]}},
+    (1, "tuple"),
+    datetime.datetime(2026, 1, 2, 3, 4, 5, 678, tzinfo=datetime.UTC),
+    datetime.datetime(2026, 1, 2, 3, 4, 5),
+    datetime.date(2026, 1, 2),
+    datetime.timedelta(days=1, seconds=2, microseconds=3),
+    uuid.UUID("12345678-1234-5678-1234-567812345678"),
+    b"\x00bytes\xff",
+    bytearray(b"mutable"),
+    Color.BLUE,
+    Priority.HIGH,
+    {"__es__": "not a tag", "v": 1},
+]
