@@ -113,8 +113,8 @@ def schedule(workflow_func, *args, idempotency_key=None):
         raise EverystepError("idempotency_key must be a non-empty string of at most 255 characters")
     from everystep import serde, store
 
-    encoded_args = serde.to_json(list(args))
-    return store.insert_run(name, encoded_args, idempotency_key)
+    serde.to_json(list(args))  # refuse bad arguments before touching the database
+    return store.insert_run(name, list(args), idempotency_key)
 
 
 def _check_branch(branch):

@@ -1,0 +1,37 @@
+"""The thread model: many runs at once on threads never mix their contexts."""
+
+import concurrent.futures
+
+import pytest
+from django.db import connections
+
+from everystep import runner, schedule, store
+from everystep.models import Workflow
+from tests import workflows
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_many_runs_executing_concurrently_never_mix_contexts_or_step_ids():
+    runs = {schedule(workflows.whoami, f"tag-{i}").id: f"tag-{i}" for i in range(40)}
+    claimed = store.claim("tests", len(runs))
+    assert {c.id for c in claimed} == set(runs)
+
+    def execute(one):
+        try:
+            return runner.execute(one)
+        finally:
+            connections.close_all()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        statuses = list(pool.map(execute, claimed))
+    assert statuses == [Workflow.Status.COMPLETED] * len(runs)
+
+    for run in Workflow.objects.filter(id__in=runs).prefetch_related("steps"):
+        tag = runs[run.id]
+        assert run.result == [[str(run.id), "", tag], [str(run.id), "2.0.", tag], [str(run.id), "2.1.", tag]]
+        assert {s.step_id: s.result for s in run.steps.all()} == {
+            "1": [str(run.id), "", tag],
+            "2.0.1": [str(run.id), "2.0.", tag],
+            "2.1.1": [str(run.id), "2.1.", tag],
+        }
