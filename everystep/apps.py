@@ -1,9 +1,17 @@
+import importlib
+
 from django.apps import AppConfig
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 
 class EverystepConfig(AppConfig):
-    """The everystep Django app. On ready it imports each installed app's
-    ``workflows`` module, so the worker knows every ``@workflow``."""
+    """The everystep Django app.
+
+    When ready it imports every installed app's ``workflows`` module and the
+    modules listed in the ``EVERYSTEP_WORKFLOWS`` setting, so that a worker
+    knows every ``@workflow`` it may be asked to run.
+    """
 
     name = "everystep"
     verbose_name = "everystep"
@@ -13,3 +21,10 @@ class EverystepConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         autodiscover_modules("workflows")
+        for module in getattr(settings, "EVERYSTEP_WORKFLOWS", ()):
+            try:
+                importlib.import_module(module)
+            except Exception as exc:
+                raise ImproperlyConfigured(
+                    f"cannot import workflow module {module}: {type(exc).__name__}: {exc}"
+                ) from exc

@@ -77,12 +77,7 @@ def execute(claimed, draining=None):
     except SimulatedCrash:
         return Status.RUNNING
     except ClaimLost:
-        logger.warning(
-            "run %s: claim lost to another runner, dropping this attempt's writes",
-            run.workflow_id,
-            extra={"action": "claim_lost", "run_id": str(run.workflow_id)},
-        )
-        return None
+        return _lost(run)
     except EngineError as exc:
         raise exc.error from None
     except Exception as exc:
@@ -160,13 +155,7 @@ def _finish(run, status, started, *, result=None, error=None):
         what=f"finishing run {run.workflow_id}",
     )
     if not landed:
-        logger.warning(
-            "run %s: claim lost before it could end %s; dropped",
-            run.workflow_id,
-            status,
-            extra={"action": "claim_lost", "run_id": str(run.workflow_id)},
-        )
-        return None
+        return _lost(run)
     log = logger.info if status == Status.COMPLETED else logger.warning
     log(
         "run %s %s %s in %.0f ms%s",
@@ -185,13 +174,36 @@ def _requeue(run):
         lambda attempt: store.requeue_run(run), what=f"requeuing run {run.workflow_id}"
     )
     if not requeued:
-        return None
+        return _lost(run)
     logger.info(
         "run %s requeued at a step boundary (worker draining)",
         run.workflow_id,
         extra={"action": "run_requeued", "run_id": str(run.workflow_id)},
     )
     return Status.SCHEDULED
+
+
+def _lost(run):
+    """Log why this attempt's writes were refused: the run's row is gone, or
+    another runner owns it now. Returns None."""
+    try:
+        vanished = not store.run_exists(run.workflow_id)
+    except Exception:  # noqa: BLE001 - only the wording of the log depends on it
+        vanished = False
+    if vanished:
+        logger.warning(
+            "run %s vanished while it ran (its row was deleted); skipped",
+            run.workflow_id,
+            extra={"action": "run_vanished", "run_id": str(run.workflow_id)},
+        )
+    else:
+        logger.warning(
+            "run %s: this runner lost its claim (requeued or claimed elsewhere); "
+            "its late writes were dropped",
+            run.workflow_id,
+            extra={"action": "claim_lost", "run_id": str(run.workflow_id)},
+        )
+    return None
 
 
 def _guarded(operation, what):

@@ -32,6 +32,10 @@ class ClaimedRun:
     args: list
     claim_token: uuid.UUID
 
+    @property
+    def workflow_id(self):
+        return self.id
+
 
 def insert_run(name, args, idempotency_key=None):
     """Insert a scheduled run in the current transaction; one INSERT.
@@ -48,13 +52,14 @@ def insert_run(name, args, idempotency_key=None):
     return Workflow.objects.get(name=name, idempotency_key=idempotency_key)
 
 
-def claim(worker_name, limit, *, only_parked=False):
+def claim(worker_name, limit, *, only_parked=False, exclude=()):
     """Claim up to `limit` runs for `worker_name` in one transaction, oldest
     first, and return them as `ClaimedRun`s with a fresh claim token.
 
     Normally this takes ``scheduled`` runs; with `only_parked` it takes back
     the ``running`` runs already claimed under `worker_name` (the startup
-    catchup after a crash). Concurrent claimers never take the same run.
+    catchup after a crash), except those in `exclude` (the ones in flight).
+    Concurrent claimers never take the same run.
     """
     if limit <= 0:
         return []
@@ -64,7 +69,7 @@ def claim(worker_name, limit, *, only_parked=False):
         return _claim_in_one_statement(worker_name, limit, token, now)
     candidates = Workflow.objects.filter(status=RUNNING if only_parked else SCHEDULED)
     if only_parked:
-        candidates = candidates.filter(claimed_by=worker_name)
+        candidates = candidates.filter(claimed_by=worker_name).exclude(id__in=list(exclude))
     skip_locked = connection.features.has_select_for_update_skip_locked
     with transaction.atomic():
         rows = list(

@@ -42,12 +42,15 @@ def recorded_steps(run):
     }
 
 
-def crash_at(step_id):
-    """A fault hook that simulates a process death right after `step_id` ran."""
+def crash_at(step_id, workflow=None):
+    """A fault hook that simulates a process death right after `step_id` ran
+    (in runs of `workflow` only, when given)."""
     from everystep.errors import SimulatedCrash
 
     def fault(ctx, current_step_id):
-        if current_step_id == step_id:
+        if current_step_id != step_id:
+            return
+        if workflow is None or ctx.workflow_name == workflow.__everystep_workflow__:
             raise SimulatedCrash(step_id)
 
     return fault
@@ -64,3 +67,69 @@ def wait_until(condition, timeout=30.0, interval=0.02, message="condition"):
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def database_url():
+    """The URL of the database this test process is using (the test
+    database), for the worker subprocesses it starts."""
+    from urllib.parse import quote
+
+    from django.db import connection
+
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{settings['NAME']}"
+    scheme = "postgres" if connection.vendor == "postgresql" else "mysql"
+    password = f":{quote(settings['PASSWORD'], safe='')}" if settings["PASSWORD"] else ""
+    user = quote(settings["USER"], safe="")
+    return f"{scheme}://{user}{password}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
+
+
+def query_until_reachable(query, timeout=60.0):
+    """Run `query()` (an ORM call), reconnecting through a database restart."""
+    from django.db import OperationalError, InterfaceError, connection
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return query()
+        except (OperationalError, InterfaceError):
+            connection.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def statuses(run_ids):
+    """How many of `run_ids` are in each status, e.g. {"completed": 3}."""
+    from collections import Counter
+
+    from everystep.models import Workflow
+
+    return dict(Counter(Workflow.objects.filter(id__in=run_ids).values_list("status", flat=True)))
+
+
+class sentry_events:
+    """Initialize the real sentry-sdk with a transport that keeps the events
+    it would send (``with sentry_events() as events: ...``); shut it down after."""
+
+    def __enter__(self):
+        import sentry_sdk
+        from sentry_sdk.transport import Transport
+
+        events = self.events = []
+
+        class Keep(Transport):
+            def capture_envelope(self, envelope):
+                event = envelope.get_event()
+                if event is not None:
+                    events.append(event)
+
+        sentry_sdk.init(dsn="http://public@127.0.0.1:9/1", transport=Keep)
+        return events
+
+    def __exit__(self, *exc_info):
+        import sentry_sdk
+
+        sentry_sdk.get_client().flush()
+        sentry_sdk.init(dsn=None)

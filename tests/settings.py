@@ -28,6 +28,7 @@ if BACKEND == "sqlite" and "EVERYSTEP_DATABASE_URL" not in os.environ:
     DATABASES["default"]["TEST"] = {"NAME": DATABASES["default"]["NAME"]}
 
 INSTALLED_APPS = ["everystep"]
+EVERYSTEP_WORKFLOWS = ["tests.workflows"]
 USE_TZ = True
 TIME_ZONE = "UTC"
 SECRET_KEY = "everystep-tests"

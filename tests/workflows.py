@@ -214,3 +214,58 @@ SAMPLE_VALUES = [
     Priority.HIGH,
     {"__es__": "not a tag", "v": 1},
 ]
+
+
+@step
+def gate(directory, label):
+    """Mark `label` started (a mark appended to a file), then wait until the
+    test opens its gate (another file). Returns how many times this gate has
+    been passed."""
+    import pathlib
+    import time
+
+    directory = pathlib.Path(directory)
+    with (directory / f"{label}.started").open("a") as marks:
+        marks.write("x")
+    count(f"gate-{label}")
+    deadline = time.monotonic() + 120
+    while not (directory / f"{label}.go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {label} never opened")
+        time.sleep(0.01)
+    passed = directory / f"{label}.passed"
+    with passed.open("a") as marks:
+        marks.write("x")
+    return len(passed.read_text())
+
+
+@workflow
+def gated(directory):
+    """Two steps, each held at a gate the test opens."""
+    return [gate(directory, "first"), gate(directory, "second")]
+
+
+@step
+def nap(seconds):
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+@workflow
+def quick(n):
+    """Two trivial steps: the claim and recording tests' workload."""
+    return add(n, echo(n))
+
+
+@workflow
+def napping(seconds, steps):
+    """`steps` steps that each sleep `seconds`: keeps runs in flight."""
+    return [nap(seconds) for _ in range(steps)]
+
+
+@workflow
+def fanned(n):
+    """A fork of three branches: each branch thread opens its own connection."""
+    return parallel(lambda: echo(n), lambda: echo(n + 1), lambda: add(n, n))

@@ -1,0 +1,374 @@
+"""Throwaway PostgreSQL and MariaDB servers for the test suite.
+
+Each server lives in its own directory, listens on a free port on 127.0.0.1
+and is stopped when the test process ends. The URL of a server is exported in
+the environment so that worker subprocesses started by the tests connect to
+the same server instead of starting their own.
+
+This module imports nothing from Django: settings use it to build their
+DATABASES before Django is configured.
+"""
+
+from __future__ import annotations
+
+import atexit
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+POLL_INTERVAL = 0.05
+
+ENV_VARS = {"postgres": "EVERYSTEP_TEST_PG_URL", "mariadb": "EVERYSTEP_TEST_MARIADB_URL"}
+FIX = "run `make test`, which installs it, or scripts/install-test-deps"
+PG_OS_USER = "everystep-test"
+
+_lock = threading.Lock()
+_started: dict[str, DatabaseServer] = {}
+_temp_dirs: dict[str, Path] = {}
+
+
+@dataclass(eq=False)
+class DatabaseServer:
+    """A database server process that this process started and can stop, start and restart."""
+
+    backend: str
+    url: str
+    port: int
+    base_dir: Path
+    command: list
+    ready_command: list  # exits 0 once the server accepts connections
+    stop_signal: int = signal.SIGTERM
+    run_as: dict = field(default_factory=dict)  # Popen's user/group/extra_groups
+    _proc: subprocess.Popen | None = field(default=None, init=False)
+    _owner_pid: int = field(default_factory=os.getpid, init=False)
+
+    @property
+    def log_path(self) -> Path:
+        return self.base_dir / "server.log"
+
+    def __repr__(self) -> str:
+        return f"<DatabaseServer {self.backend} {self.url} pid={self.pid}>"
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the running server process, None when it is stopped."""
+        if self._proc is None or self._proc.poll() is not None:
+            return None
+        return self._proc.pid
+
+    def start(self) -> None:
+        """Start the server on its port and data dir; return once it accepts connections."""
+        if self.pid is not None:
+            return
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                [str(c) for c in self.command],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.base_dir,
+                env=_clean_env(),
+                # Its own process group: a Ctrl-C of the test run reaches only
+                # the tests, which then stop the server in order.
+                start_new_session=True,
+                **self.run_as,
+            )
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop the server by PID: signal, wait up to 30 s, then SIGKILL. Idempotent."""
+        proc = self._proc
+        # A forked child inherits this object, but the server is its parent's.
+        if proc is None or os.getpid() != self._owner_pid:
+            return
+        if proc.poll() is None:
+            proc.send_signal(self.stop_signal)
+            try:
+                proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                # The whole group, so that no backend keeps the data dir busy.
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self._proc = None
+
+    def restart(self) -> None:
+        """Stop the server and start it again with the same data and port."""
+        self.stop()
+        self.start()
+
+    def _wait_until_ready(self) -> None:
+        """Poll a real connection until it succeeds; raise if the server exits or 60 s pass."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            status = self._proc.poll()
+            if status is not None:
+                self._proc = None
+                raise RuntimeError(self._failure(f"exited with status {status}"))
+            # Alive after the check too: what answered was this server, not another on its port.
+            if _succeeds(self.ready_command) and self._proc.poll() is None:
+                return
+            time.sleep(POLL_INTERVAL)
+        raise RuntimeError(self._failure(f"not accepting connections after {START_TIMEOUT:.0f} s"))
+
+    def _failure(self, what: str) -> str:
+        where = f"{self.backend} server on port {self.port}"
+        return f"{where} {what}; log {self.log_path}:\n{_tail(self.log_path)}"
+
+
+def start_postgres(base_dir: Path) -> DatabaseServer:
+    """Create a cluster in base_dir, start it and create the database `everystep`.
+
+    Runs as an unprivileged OS user when this process is root, since
+    PostgreSQL refuses to run as root.
+    """
+    bin_dir = _postgres_bin_dir()
+    base_dir = Path(base_dir)
+    base_dir.mkdir(parents=True, exist_ok=True)
+    data = base_dir / "data"
+    run_as = {}
+    if os.geteuid() == 0:
+        uid, gid = _postgres_os_user()
+        os.chown(base_dir, uid, gid)
+        _let_others_traverse(base_dir)
+        run_as = {"user": uid, "group": gid, "extra_groups": []}
+    # --no-sync only skips initdb's own flush of a throwaway cluster; the
+    # server keeps its default durability.
+    initdb = [bin_dir / "initdb", "-D", data, "--auth=trust", "-U", "everystep"]
+    initdb += ["--encoding=UTF8", "--locale=C", "--no-sync"]
+    _run(initdb, base_dir, run_as)
+
+    port = free_port()
+    host = ["-h", "127.0.0.1", "-p", str(port), "-U", "everystep"]
+    server = DatabaseServer(
+        backend="postgres",
+        url=f"postgres://everystep@127.0.0.1:{port}/everystep",
+        port=port,
+        base_dir=base_dir,
+        command=[bin_dir / "postgres", "-D", data, "-p", str(port), "-h", "127.0.0.1",
+                 "-k", data, "-c", "max_connections=200"],
+        ready_command=[bin_dir / "pg_isready", "-q", "-t", "5", *host, "-d", "postgres"],
+        # SIGINT is PostgreSQL's fast shutdown; SIGTERM would wait for every
+        # client (a worker still connected) to disconnect on its own.
+        stop_signal=signal.SIGINT,
+        run_as=run_as,
+    )
+    server.start()
+    try:
+        _run([bin_dir / "createdb", *host, "everystep"], base_dir)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def start_mariadb(base_dir: Path) -> DatabaseServer:
+    """Create a data dir in base_dir, start MariaDB and create the database `everystep`.
+
+    `root` connects over TCP from 127.0.0.1 without a password.
+    """
+    mariadbd, install_db, admin = _mariadb_binaries()
+    base_dir = Path(base_dir)
+    base_dir.mkdir(parents=True, exist_ok=True)
+    data = base_dir / "data"
+    # mariadbd refuses to run as root unless told to.
+    as_root = ["--user=root"] if os.geteuid() == 0 else []
+    _run([install_db, "--no-defaults", f"--datadir={data}", "--skip-test-db",
+          "--auth-root-authentication-method=normal", "--skip-name-resolve", *as_root], base_dir)
+
+    # Run by the server before it accepts connections, at every start (it is
+    # idempotent): no client has to log in over the socket first.
+    init_file = base_dir / "init.sql"
+    init_file.write_text(
+        "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1';\n"
+        "GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;\n"
+        "CREATE DATABASE IF NOT EXISTS everystep CHARACTER SET utf8mb4;\n"
+    )
+    port = free_port()
+    server = DatabaseServer(
+        backend="mariadb",
+        url=f"mysql://root@127.0.0.1:{port}/everystep",
+        port=port,
+        base_dir=base_dir,
+        command=[mariadbd, "--no-defaults", f"--datadir={data}", f"--port={port}",
+                 "--bind-address=127.0.0.1", f"--socket={base_dir / 'mysqld.sock'}",
+                 f"--pid-file={base_dir / 'mysqld.pid'}", *as_root, "--skip-name-resolve",
+                 "--max-connections=300", "--innodb-buffer-pool-size=128M",
+                 "--character-set-server=utf8mb4", "--collation-server=utf8mb4_unicode_ci",
+                 "--innodb-buffer-pool-load-at-startup=OFF",
+                 "--innodb-buffer-pool-dump-at-shutdown=OFF", f"--init-file={init_file}"],
+        ready_command=[admin, "--no-defaults", "--protocol=tcp", "-h", "127.0.0.1",
+                       "-P", str(port), "-u", "root", "--connect-timeout=5", "ping"],
+    )
+    server.start()
+    return server
+
+
+_STARTERS = {"postgres": start_postgres, "mariadb": start_mariadb}
+
+
+def server_url(backend: str) -> str:
+    """URL of the test server for backend: the one in the environment, or one started here.
+
+    A server started here is started once per process, exported under the
+    same environment variable for child processes, and stopped by stop_all().
+    """
+    var = _env_var(backend)
+    with _lock:
+        if backend in _started:
+            os.environ[var] = _started[backend].url
+        if os.environ.get(var):
+            return os.environ[var]
+        base_dir = Path(tempfile.mkdtemp(prefix=f"everystep-{backend}-"))
+        try:
+            server = _STARTERS[backend](base_dir)
+        except BaseException:
+            shutil.rmtree(base_dir, ignore_errors=True)
+            raise
+        _temp_dirs[backend] = base_dir
+        _started[backend] = server
+        os.environ[var] = server.url
+        return server.url
+
+
+def running_server(backend: str) -> DatabaseServer | None:
+    """The server for backend that this process started, None if it came from the environment."""
+    _env_var(backend)
+    return _started.get(backend)
+
+
+def stop_all() -> None:
+    """Stop every server this process started and remove their temporary directories."""
+    with _lock:
+        for backend, server in list(_started.items()):
+            # A forked child inherits the registry, but the servers are its parent's.
+            if server._owner_pid != os.getpid():
+                continue
+            server.stop()
+            if os.environ.get(ENV_VARS[backend]) == server.url:
+                del os.environ[ENV_VARS[backend]]
+            shutil.rmtree(_temp_dirs.pop(backend), ignore_errors=True)
+            del _started[backend]
+
+
+atexit.register(stop_all)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env_var(backend: str) -> str:
+    try:
+        return ENV_VARS[backend]
+    except KeyError:
+        raise ValueError(f"no test server for backend {backend!r}") from None
+
+
+def _postgres_bin_dir() -> Path:
+    """Directory of the newest installed PostgreSQL server binaries."""
+    candidates = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"),
+        key=lambda d: [int(p) if p.isdigit() else 0 for p in Path(d).parent.name.split(".")],
+        reverse=True,
+    )
+    on_path = shutil.which("postgres")
+    if on_path:
+        candidates.append(str(Path(on_path).parent))
+    needed = ("initdb", "postgres", "pg_isready", "createdb")
+    for bin_dir in map(Path, candidates):
+        if all((bin_dir / name).exists() for name in needed):
+            return bin_dir
+    raise RuntimeError(f"PostgreSQL server not found (/usr/lib/postgresql/*/bin/postgres): {FIX}")
+
+
+def _mariadb_binaries() -> tuple[str, str, str]:
+    """Paths of mariadbd, mariadb-install-db and mariadb-admin."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
+    names = ("mariadbd", "mariadb-install-db", "mariadb-admin")
+    found = [shutil.which(name, path=path) for name in names]
+    if not all(found):
+        raise RuntimeError(f"MariaDB server not found (mariadbd): {FIX}")
+    return tuple(found)
+
+
+def _postgres_os_user() -> tuple[int, int]:
+    """uid and gid of an unprivileged user to run PostgreSQL as, creating one if needed."""
+    for name in ("postgres", PG_OS_USER):
+        try:
+            entry = pwd.getpwnam(name)
+            return entry.pw_uid, entry.pw_gid
+        except KeyError:
+            pass
+    useradd = shutil.which("useradd", path="/usr/sbin:/sbin:/usr/bin") or "useradd"
+    # Another test process may create it at the same moment: only the result counts.
+    subprocess.run([useradd, "--system", "--user-group", "--no-create-home",
+                    "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", PG_OS_USER],
+                   capture_output=True)
+    try:
+        entry = pwd.getpwnam(PG_OS_USER)
+    except KeyError:
+        raise RuntimeError(f"could not create OS user {PG_OS_USER} to run PostgreSQL") from None
+    return entry.pw_uid, entry.pw_gid
+
+
+def _let_others_traverse(path: Path) -> None:
+    """Give `others` search permission on path and its parents (not read: no listing)."""
+    for directory in [path, *path.resolve().parents]:
+        mode = directory.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            os.chmod(directory, stat.S_IMODE(mode) | stat.S_IXOTH)
+
+
+def _run(command: list, cwd: Path, run_as: dict | None = None) -> None:
+    """Run a setup command, its output appended to cwd/server.log; raise if it fails."""
+    log_path = Path(cwd) / "server.log"
+    with open(log_path, "ab") as log:
+        status = subprocess.call(
+            [str(c) for c in command], stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, cwd=cwd, env=_clean_env(), **(run_as or {}),
+        )
+    if status != 0:
+        name = Path(str(command[0])).name
+        raise RuntimeError(f"{name} failed ({status}); log {log_path}:\n{_tail(log_path)}")
+
+
+def _succeeds(command: list) -> bool:
+    """True if command exits 0 within 10 s."""
+    try:
+        return subprocess.call(
+            [str(c) for c in command], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, env=_clean_env(), timeout=10,
+        ) == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _clean_env() -> dict[str, str]:
+    """The environment without PG*/MYSQL* variables, which would redirect the client tools."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PG", "MYSQL"))}
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,102 @@
+"""Claims: concurrent workers take disjoint runs; connections stay bounded."""
+
+import re
+import uuid
+import signal
+
+import pytest
+from django.db import connection
+
+from everystep import schedule
+from everystep.models import Step, Workflow
+from tests import workflows
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CLAIM_LINE = re.compile(r"worker (\S+) claimed \d+ run\(s\): (.*)")
+
+
+def claimed_ids(worker):
+    """Every run id the worker's log says it claimed, in order."""
+    return [
+        run_id
+        for match in CLAIM_LINE.finditer(worker.log())
+        for run_id in match.group(2).split(", ")
+    ]
+
+
+def run_all_with_workers(spawn_worker, runs_count, workers_count, *args):
+    runs = [schedule(workflows.quick, n).id for n in range(runs_count)]
+    workers = [
+        spawn_worker(f"claimer-{i}", "--pool", "4", "--poll", "0.05", *args)
+        for i in range(workers_count)
+    ]
+    wait_until(
+        lambda: Workflow.objects.filter(status="completed").count() == runs_count,
+        timeout=240,
+        message=f"{runs_count} runs completed",
+    )
+    for worker in workers:
+        worker.send(signal.SIGTERM)
+    for worker in workers:
+        assert worker.wait() == 0, worker.log()
+    return runs, workers
+
+
+@pytest.mark.backends("postgres", "mariadb")
+def test_four_concurrent_workers_claim_500_runs_disjointly(spawn_worker):
+    runs, workers = run_all_with_workers(spawn_worker, 500, 4)
+    claims = [run_id for worker in workers for run_id in claimed_ids(worker)]
+    assert len(claims) == 500 and set(claims) == {str(r) for r in runs}  # each exactly once
+    assert all(claimed_ids(worker) for worker in workers), "every worker took a share"
+    assert Step.objects.count() == 2 * 500
+    owners = dict(Workflow.objects.values_list("id", "claimed_by"))
+    for worker in workers:
+        assert all(owners[uuid.UUID(i)] == worker.name for i in claimed_ids(worker))
+
+
+@pytest.mark.backends("sqlite")
+def test_concurrent_workers_on_sqlite_claim_exclusively(spawn_worker):
+    runs, workers = run_all_with_workers(spawn_worker, 100, 2)
+    claims = [run_id for worker in workers for run_id in claimed_ids(worker)]
+    assert sorted(claims) == sorted(str(r) for r in runs)
+    assert Step.objects.count() == 2 * 100
+
+
+def server_connections():
+    """Connections the database server has open to the test database."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            )
+        else:
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE()"
+            )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.backends("postgres", "mariadb")
+def test_server_connections_stay_bounded_after_hundreds_of_runs(spawn_worker):
+    pool = 4
+    baseline = server_connections()
+    worker = spawn_worker("frugal", "--pool", str(pool), "--poll", "0.05").wait_ready()
+    runs = [schedule(workflows.fanned, n).id for n in range(300)]
+    peak = 0
+
+    def all_done():
+        nonlocal peak
+        peak = max(peak, server_connections() - baseline)
+        return Workflow.objects.filter(id__in=runs, status="completed").count() == len(runs)
+
+    wait_until(all_done, timeout=240, interval=0.05, message="300 runs with forks completed")
+    idle = server_connections() - baseline
+    # The loop's connection and the name lock's; pool threads and branch
+    # threads close theirs after each run and each branch.
+    assert idle <= 2, f"{idle} connections left open by an idle worker"
+    # Each in-flight run: its own connection plus up to three branch threads.
+    assert peak <= 2 + pool * 4, f"peak of {peak} connections"
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0

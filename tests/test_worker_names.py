@@ -1,0 +1,76 @@
+"""One live worker per name (§7), and the embedded worker's lifecycle."""
+
+import signal
+
+import pytest
+
+from everystep import schedule
+from everystep.models import Workflow
+from tests import workflows
+from tests.helpers import wait_until
+from tests.test_worker_shutdown import opened, started
+from tests.workerproc import stop_embedded, timed_wait
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_second_worker_under_a_live_name_waits_its_drain_time_then_exits_2(spawn_worker):
+    first = spawn_worker("twin").wait_ready()
+    second = spawn_worker("twin", "--drain", "2")
+    second.wait_for_log("held by a live worker")
+    code, seconds = timed_wait(second, 30)
+    assert code == 2
+    assert seconds >= 1.5, "it should wait for the name before giving up"
+    assert "'twin'" in second.log().strip().splitlines()[-1]
+    assert "ready" not in second.log()
+    assert first.alive()
+    first.send(signal.SIGTERM)
+    assert first.wait() == 0
+
+
+def test_a_worker_started_during_its_predecessors_drain_takes_the_name_when_it_exits(
+    spawn_worker, tmp_path
+):
+    run = schedule(workflows.gated, str(tmp_path))
+    old = spawn_worker("rolling", "--drain", "60").wait_ready()
+    started(tmp_path, "first")
+    old.send(signal.SIGTERM)
+    old.wait_for_log("draining")
+
+    new = spawn_worker("rolling", "--drain", "60")
+    new.wait_for_log("held by a live worker")
+    opened(tmp_path, "first")
+    opened(tmp_path, "second")
+    assert old.wait() == 0
+    new.wait_ready()
+    wait_until(lambda: Workflow.objects.get(id=run.id).status == Workflow.Status.COMPLETED)
+    new.send(signal.SIGTERM)
+    assert new.wait() == 0
+
+
+def test_after_a_stop_the_name_is_free_again_in_the_same_process(embedded_worker):
+    first = embedded_worker(name="reused")
+    run = schedule(workflows.quick, 1)
+    wait_until(lambda: Workflow.objects.get(id=run.id).status == Workflow.Status.COMPLETED)
+    stop_embedded(first)
+    second = embedded_worker(name="reused", drain=1)
+    again = schedule(workflows.quick, 2)
+    wait_until(lambda: Workflow.objects.get(id=again.id).status == Workflow.Status.COMPLETED)
+    stop_embedded(second)
+
+
+def test_an_embedded_worker_stops_with_stop_and_leaves_nothing_claimed(embedded_worker, tmp_path):
+    runs = [schedule(workflows.gated, str(tmp_path / str(n))) for n in range(3)]
+    for n in range(3):
+        (tmp_path / str(n)).mkdir()
+    worker = embedded_worker(name="embedded", pool_size=2, drain=30)
+    wait_until(lambda: all((tmp_path / str(n) / "first.started").exists() for n in range(2)))
+    worker.stop()
+    for n in range(3):
+        opened(tmp_path / str(n), "first")
+    worker.thread.join(30)
+    assert not worker.thread.is_alive() and not worker.abandoned
+    assert not Workflow.objects.filter(status="running").exists()
+    assert sorted(Workflow.objects.filter(id__in=[r.id for r in runs]).values_list("status", flat=True)) == [
+        "scheduled"
+    ] * 3

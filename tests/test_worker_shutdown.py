@@ -1,0 +1,105 @@
+"""Stopping a worker: SIGTERM drains at step boundaries; the deadline requeues
+what is left; nothing claimed is lost."""
+
+import signal
+
+import pytest
+
+from everystep import schedule
+from everystep.models import Step, Workflow
+from tests import workflows
+from tests.helpers import wait_until
+from tests.workerproc import timed_wait
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def opened(gates, label):
+    (gates / f"{label}.go").write_text("")
+
+
+def started(gates, label):
+    return wait_until(lambda: (gates / f"{label}.started").exists(), message=f"gate {label} reached")
+
+
+def test_sigterm_mid_step_records_the_step_requeues_the_run_and_another_name_completes_it(
+    spawn_worker, tmp_path
+):
+    gates = tmp_path
+    run = schedule(workflows.gated, str(gates))
+    first = spawn_worker("first", "--drain", "60").wait_ready()
+    started(gates, "first")
+
+    first.send(signal.SIGTERM)
+    first.wait_for_log("draining")
+    opened(gates, "first")  # the in-flight step may now finish
+    code, _ = timed_wait(first, 60)
+    assert code == 0, first.log()
+
+    run.refresh_from_db()
+    assert (run.status, run.claimed_by) == (Workflow.Status.SCHEDULED, None)
+    assert [(s.step_id, s.status) for s in run.steps.all()] == [("1", Step.Status.DONE)]
+    assert not (gates / "second.started").exists()  # no new step started while draining
+
+    opened(gates, "second")
+    second = spawn_worker("second").wait_ready()
+    wait_until(lambda: Workflow.objects.get(id=run.id).status == Workflow.Status.COMPLETED)
+    run.refresh_from_db()
+    assert run.claimed_by == "second"
+    assert run.result == [1, 1]  # each gate passed exactly once
+    second.send(signal.SIGTERM)
+    assert second.wait() == 0
+
+
+def test_at_the_drain_deadline_leftovers_are_requeued_and_the_worker_exits(spawn_worker, tmp_path):
+    run = schedule(workflows.gated, str(tmp_path))
+    worker = spawn_worker("short", "--drain", "1").wait_ready()
+    started(tmp_path, "first")
+
+    worker.send(signal.SIGTERM)
+    code, seconds = timed_wait(worker, 30)
+    assert code == 0, worker.log()
+    assert seconds < 1 + 5, f"took {seconds:.1f}s to exit with --drain 1"
+    assert "requeued at the drain deadline" in worker.log()
+    run.refresh_from_db()
+    assert (run.status, run.claimed_by) == (Workflow.Status.SCHEDULED, None)
+    assert not run.steps.exists()  # the step never finished: nothing recorded
+
+
+def test_drain_zero_waits_for_the_step_however_long(spawn_worker, tmp_path):
+    run = schedule(workflows.gated, str(tmp_path))
+    worker = spawn_worker("patient", "--drain", "0").wait_ready()
+    started(tmp_path, "first")
+
+    worker.send(signal.SIGTERM)
+    worker.wait_for_log("draining")
+    with pytest.raises(Exception):  # still waiting after a while: it did not give up
+        worker.process.wait(3)
+    assert worker.alive()
+    opened(tmp_path, "first")
+    assert worker.wait(30) == 0
+    run.refresh_from_db()
+    assert run.status == Workflow.Status.SCHEDULED
+    assert run.steps.get().step_id == "1"
+
+
+def test_a_second_signal_cuts_the_drain_short(spawn_worker, tmp_path):
+    run = schedule(workflows.gated, str(tmp_path))
+    worker = spawn_worker("impatient", "--drain", "0").wait_ready()
+    started(tmp_path, "first")
+    worker.send(signal.SIGINT)
+    worker.wait_for_log("draining")
+    worker.send(signal.SIGINT)
+    assert worker.wait(30) == 0
+    run.refresh_from_db()
+    assert (run.status, run.claimed_by) == (Workflow.Status.SCHEDULED, None)
+
+
+def test_a_stopped_idle_worker_exits_at_once_and_leaves_nothing_claimed(spawn_worker):
+    runs = [schedule(workflows.quick, n).id for n in range(5)]
+    worker = spawn_worker("idle").wait_ready()
+    wait_until(lambda: Workflow.objects.filter(id__in=runs, status="completed").count() == 5)
+    worker.send(signal.SIGTERM)
+    code, seconds = timed_wait(worker, 30)
+    assert code == 0 and seconds < 5
+    assert not Workflow.objects.filter(claimed_by="idle", status="running").exists()

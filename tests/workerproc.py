@@ -1,0 +1,133 @@
+"""Worker subprocesses for the tests: `python -m django everystep_worker`,
+configured like a user's, on the test database, with its log captured."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.helpers import database_url, wait_until
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+class WorkerProcess:
+    """One ``everystep_worker`` process; its stderr goes to a log file."""
+
+    def __init__(self, name, args, log_path, extra_env=None):
+        self.name = name
+        self.log_path = log_path
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EVERYSTEP_")}
+        for keep in ("EVERYSTEP_TEST_DB", "EVERYSTEP_TEST_PG_URL", "EVERYSTEP_TEST_MARIADB_URL"):
+            if keep in os.environ:
+                env[keep] = os.environ[keep]
+        env.update(
+            DJANGO_SETTINGS_MODULE="tests.settings",
+            EVERYSTEP_DATABASE_URL=database_url(),
+            PYTHONPATH=str(REPO),
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(extra_env or {})
+        command = [sys.executable, "-m", "django", "everystep_worker", "--name", name, *args]
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        self.pid = self.process.pid
+
+    def log(self):
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, text, timeout=60.0):
+        """Wait until the log contains `text`; fail early if the process exits."""
+
+        def seen():
+            if text in self.log():
+                return True
+            if self.process.poll() is not None:
+                pytest.fail(
+                    f"worker {self.name} exited ({self.process.returncode}) before logging "
+                    f"{text!r}:\n{self.log()}"
+                )
+            return False
+
+        wait_until(seen, timeout, message=f"{text!r} in the log of worker {self.name}")
+
+    def wait_ready(self, timeout=60.0):
+        self.wait_for_log("ready", timeout)
+        return self
+
+    def send(self, sig):
+        self.process.send_signal(sig)
+
+    def wait(self, timeout=60.0):
+        """Wait for the process to exit and return its exit status."""
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"worker {self.name} still running after {timeout}s:\n{self.log()}")
+
+    def alive(self):
+        return self.process.poll() is None
+
+    def kill(self):
+        if self.alive():
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(30)
+
+
+@pytest.fixture
+def spawn_worker(tmp_path):
+    """Start worker subprocesses: ``spawn_worker("w1", "--pool", "2")``.
+    Every one still alive at the end of the test is killed by its PID."""
+    started = []
+
+    def spawn(name, *args, env=None):
+        worker = WorkerProcess(name, args, tmp_path / f"worker-{name}-{len(started)}.log", env)
+        started.append(worker)
+        return worker
+
+    yield spawn
+    for worker in started:
+        worker.kill()
+
+
+@pytest.fixture
+def embedded_worker():
+    """Start `Worker`s on threads of the test process:
+    ``embedded_worker(name="a", pool_size=2)``; the worker gets a `thread`
+    attribute. Every one is stopped and joined at the end of the test."""
+    from everystep.worker import Worker
+
+    started = []
+
+    def start(**options):
+        worker = Worker(**{"poll": 0.05, **options})
+        worker.thread = threading.Thread(target=worker.run, daemon=True)
+        worker.thread.start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        stop_embedded(worker)
+
+
+def stop_embedded(worker, timeout=30.0):
+    """Stop an embedded worker and wait for `run()` to return."""
+    worker.stop()
+    worker.thread.join(timeout)
+    assert not worker.thread.is_alive(), f"worker {worker.name} did not stop in {timeout}s"
+
+
+def timed_wait(worker, timeout):
+    """Wait for `worker` to exit; return (exit status, seconds it took)."""
+    began = time.monotonic()
+    code = worker.wait(timeout)
+    return code, time.monotonic() - began
