@@ -1,31 +1,51 @@
 # Build, test and lint everystep.
 #
-#   make venv       create .venv and install the project with its dev extras
+#   make run        the example workflows on a worker (embedded SQLite)
 #   make test       run the test suite once per database backend
+#   make pyz        build dist/everystep.pyz (PYTHON=python3.13 for another interpreter)
+#   make bench      the benchmark suite
+#   make venv       create .venv and install the project with its dev extras
 #   make lint       ruff
 #   make clean      remove the virtualenv, build output and caches
 
 SHELL := /bin/bash
 
-PYTHON ?= $(shell scripts/find-python)
+# The virtualenv's interpreter: python3.12 when present, else python3.
+VENV_PYTHON ?= $(shell scripts/find-python)
+# The zipapp's interpreter: the one `./everystep.pyz` will run under.
+PYTHON ?= python3
 VENV := .venv
+PYZ := dist/everystep.pyz
+PYZ_SOURCES := pyproject.toml scripts/build-pyz $(shell find everystep config runtime -name '*.py')
 BACKENDS ?= postgres mariadb sqlite
 PYTEST_ARGS ?=
 
-.PHONY: venv test lint clean
+.PHONY: run venv test pyz bench lint clean
+
+run: $(PYZ)
+	exec scripts/run-example $(PYZ)
 
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
-	@test -n "$(PYTHON)" || { echo "make: no suitable Python interpreter (see scripts/find-python)" >&2; exit 1; }
+	@test -n "$(VENV_PYTHON)" || { echo "make: no suitable Python interpreter (see scripts/find-python)" >&2; exit 1; }
 	rm -rf $(VENV)
-	$(PYTHON) -m venv $(VENV)
+	$(VENV_PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
-# Every backend runs even when an earlier one fails, so one run shows them all.
-test: venv
+# `make pyz` always builds (PYTHON may name another interpreter); targets that
+# only need a zipapp rebuild it when the sources changed.
+pyz:
+	scripts/build-pyz $(PYTHON) $(PYZ)
+
+$(PYZ): $(PYZ_SOURCES)
+	scripts/build-pyz $(PYTHON) $@
+
+# The zipapp is built first: the suite runs it as a user would. Every backend
+# runs even when an earlier one fails, so one run shows them all.
+test: venv $(PYZ)
 	scripts/install-test-deps
 	@failed=0; summary=""; \
 	for backend in $(BACKENDS); do \
@@ -43,11 +63,5 @@ lint: venv
 	$(VENV)/bin/ruff check everystep config runtime tests bench examples
 
 clean:
-	rm -rf $(VENV) dist build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) dist build *.egg-info .pytest_cache .ruff_cache .run
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
-
-# --- To be added ---
-# run:   start the standalone everystep runtime from the virtualenv.
-# pyz:   build a self-contained zipapp with shiv (PYTHON=... picks the
-#        interpreter, e.g. `make pyz PYTHON=$$(scripts/find-python 3.13)`).
-# bench: run the benchmarks in bench/ and write results to bench/out/.

@@ -21,10 +21,17 @@ class EverystepConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         autodiscover_modules("workflows")
-        for module in getattr(settings, "EVERYSTEP_WORKFLOWS", ()):
-            try:
-                importlib.import_module(module)
-            except Exception as exc:
-                raise ImproperlyConfigured(
-                    f"cannot import workflow module {module}: {type(exc).__name__}: {exc}"
-                ) from exc
+        import_workflow_modules(getattr(settings, "EVERYSTEP_WORKFLOWS", ()))
+
+
+def import_workflow_modules(modules):
+    """Import each module so its ``@workflow``s register; a module that fails
+    raises `ImproperlyConfigured` naming it and the error, on one line."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            reason = " ".join(str(exc).split())
+            raise ImproperlyConfigured(
+                f"cannot import workflow module {module}: {type(exc).__name__}: {reason}"
+            ) from exc

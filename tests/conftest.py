@@ -20,5 +20,6 @@ def _fresh_state():
 def calls():
     """How many times each test step function really executed."""
     return workflows.calls
-from tests.workerproc import spawn_worker  # noqa: F401, E402
+from tests.workerproc import spawn_process, spawn_worker  # noqa: F401, E402
 from tests.workerproc import embedded_worker  # noqa: F401, E402
+from tests.zipapp import pyz  # noqa: F401, E402

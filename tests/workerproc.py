@@ -19,25 +19,13 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 class WorkerProcess:
     """One ``everystep_worker`` process; its stderr goes to a log file."""
 
-    def __init__(self, name, args, log_path, extra_env=None):
+    def __init__(self, name, command, log_path, env, cwd=REPO, **popen):
         self.name = name
         self.log_path = log_path
-        env = {k: v for k, v in os.environ.items() if not k.startswith("EVERYSTEP_")}
-        for keep in ("EVERYSTEP_TEST_DB", "EVERYSTEP_TEST_PG_URL", "EVERYSTEP_TEST_MARIADB_URL"):
-            if keep in os.environ:
-                env[keep] = os.environ[keep]
-        env.update(
-            DJANGO_SETTINGS_MODULE="tests.settings",
-            EVERYSTEP_DATABASE_URL=database_url(),
-            PYTHONPATH=str(REPO),
-            PYTHONUNBUFFERED="1",
-        )
-        env.update(extra_env or {})
-        command = [sys.executable, "-m", "django", "everystep_worker", "--name", name, *args]
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
-                command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+                command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, **popen,
             )
         self.pid = self.process.pid
 
@@ -82,20 +70,50 @@ class WorkerProcess:
             self.process.wait(30)
 
 
+def manage_py_environment(extra=None):
+    """The environment of a ``manage.py everystep_worker`` on the test database."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVERYSTEP_")}
+    for keep in ("EVERYSTEP_TEST_DB", "EVERYSTEP_TEST_PG_URL", "EVERYSTEP_TEST_MARIADB_URL"):
+        if keep in os.environ:
+            env[keep] = os.environ[keep]
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        EVERYSTEP_DATABASE_URL=database_url(),
+        PYTHONPATH=str(REPO),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra or {})
+    return env
+
+
 @pytest.fixture
-def spawn_worker(tmp_path):
-    """Start worker subprocesses: ``spawn_worker("w1", "--pool", "2")``.
-    Every one still alive at the end of the test is killed by its PID."""
+def spawn_process(tmp_path):
+    """Start long-running processes (workers) with their output logged:
+    ``spawn_process(name, command, env=..., cwd=...)``. Every one still
+    alive at the end of the test is killed by its PID."""
     started = []
 
-    def spawn(name, *args, env=None):
-        worker = WorkerProcess(name, args, tmp_path / f"worker-{name}-{len(started)}.log", env)
-        started.append(worker)
-        return worker
+    def spawn(name, command, *, env, cwd=REPO, **popen):
+        log = tmp_path / f"process-{name}-{len(started)}.log"
+        process = WorkerProcess(name, command, log, env, cwd, **popen)
+        started.append(process)
+        return process
 
     yield spawn
-    for worker in started:
-        worker.kill()
+    for process in started:
+        process.kill()
+
+
+@pytest.fixture
+def spawn_worker(spawn_process):
+    """Start ``manage.py everystep_worker`` subprocesses on the test
+    database: ``spawn_worker("w1", "--pool", "2")``."""
+
+    def spawn(name, *args, env=None):
+        command = [sys.executable, "-m", "django", "everystep_worker", "--name", name, *args]
+        return spawn_process(name, command, env=manage_py_environment(env))
+
+    return spawn
 
 
 @pytest.fixture

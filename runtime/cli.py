@@ -1,0 +1,114 @@
+"""``everystep COMMAND``: run workers and operate runs without a Django project.
+
+One linear path: check the interpreter, parse the command line, read the
+environment, configure Django, run the command, turn the outcome into an
+exit status — 0 success, 2 when the command cannot start (bad input or
+configuration), 1 when it fails while running. Errors are one line on
+stderr; secrets never reach the output.
+"""
+
+import argparse
+import os
+import sys
+import traceback
+
+from everystep_runtime.errors import Failure, UsageError
+from everystep_runtime.interpreter import mismatch
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and exit 2."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def build_parser():
+    parser = Parser(
+        prog="everystep",
+        description="Durable workflow execution: run workers, schedule and inspect runs.",
+        epilog="Configuration comes from EVERYSTEP_* environment variables; flags override them.",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+
+    worker = commands.add_parser("worker", help="run a worker; exits 0 after a clean drain")
+    worker.add_argument("--pool", type=int, help="runs in flight at most (EVERYSTEP_POOL, 4)")
+    worker.add_argument("--poll", type=float, help="seconds between idle claims (EVERYSTEP_POLL, 0.2)")
+    worker.add_argument("--name", help="unique, stable name (EVERYSTEP_NAME, DYNO, hostname)")
+    worker.add_argument("--drain", type=float, help="seconds to drain on SIGTERM, 0 = forever (EVERYSTEP_DRAIN, 30)")
+    worker.add_argument(
+        "--no-catchup", action="store_true", help="skip resuming runs parked under this name (EVERYSTEP_CATCHUP=false)"
+    )
+
+    commands.add_parser("migrate", help="create or upgrade the tables; idempotent")
+
+    schedule = commands.add_parser("schedule", help="schedule a run and print its id")
+    schedule.add_argument("workflow", help="module.qualname, or a unique function name")
+    schedule.add_argument("args", nargs="*", metavar="JSON_ARG", help="each positional argument, as JSON")
+    schedule.add_argument("--idempotency-key", help="return the existing run scheduled with this key")
+
+    runs = commands.add_parser("runs", help="recent runs, newest first")
+    runs.add_argument("--status", choices=["scheduled", "running", "completed", "failed", "stopped", "blocked"])
+    runs.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    runs.add_argument("--json", action="store_true", help="one JSON array")
+
+    show = commands.add_parser("show", help="one run with its recorded steps")
+    show.add_argument("run_id")
+    show.add_argument("--json", action="store_true", help="one JSON object")
+
+    resolve = commands.add_parser("resolve-step", help="resolve a blocked run's uncertain step")
+    resolve.add_argument("run_id")
+    resolve.add_argument("step_id")
+    how = resolve.add_mutually_exclusive_group(required=True)
+    how.add_argument("--result", help="the step succeeded with this JSON result")
+    how.add_argument("--error", help="the step failed with this message")
+    how.add_argument("--discard", action="store_true", help="the step never took effect: run it again")
+
+    requeue = commands.add_parser("requeue", help="put parked running runs back to scheduled")
+    requeue.add_argument("run_ids", nargs="*", metavar="RUN_ID")
+    requeue.add_argument("--claimed-by", metavar="NAME", help="every run parked under this worker name")
+
+    commands.add_parser("check", help="show the configuration, connect, list workflows and migrations")
+
+    manage = commands.add_parser("manage", help="run a Django management command", add_help=False)
+    manage.add_argument("manage_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv=None):
+    """Run the command line in `argv` (default: ``sys.argv[1:]``) and exit."""
+    problem = mismatch()
+    if problem:
+        _fail(problem, 2)
+    try:
+        args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        if args.version:
+            import everystep
+
+            print(f"everystep {everystep.__version__}")
+            return
+        if args.command is None:
+            build_parser().print_help()
+            raise UsageError("name a command")
+        from everystep_runtime import commands, setup
+
+        env = setup.read_environment(os.environ)
+        setup.configure(env, args.command)
+        code = getattr(commands, args.command.replace("-", "_"))(env, args)
+    except UsageError as exc:
+        _fail(exc, 2)
+    except Failure as exc:
+        _fail(exc, 1)
+    except KeyboardInterrupt:
+        _fail("interrupted", 1)
+    except Exception as exc:  # noqa: BLE001 - one line; the traceback at DEBUG
+        if os.environ.get("EVERYSTEP_LOG_LEVEL", "").upper() == "DEBUG":
+            traceback.print_exc()
+        _fail(f"{type(exc).__name__}: {exc}", 1)
+    sys.exit(code or 0)
+
+
+def _fail(message, status):
+    print(f"everystep: error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(status)

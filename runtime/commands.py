@@ -1,0 +1,260 @@
+"""The commands of ``everystep``, each ``command(env, args)`` returning an
+exit status or None. Django is configured before any of them runs."""
+
+import base64
+import datetime
+import enum
+import json
+import sys
+import uuid
+
+from django.core.management import CommandError, call_command
+
+from everystep_runtime.errors import Failure, UsageError
+
+
+def worker(env, args):
+    """Run the `everystep_worker` management command with the environment's
+    settings, overridden by flags."""
+    _migrate_or_refuse()
+    options = {
+        "pool": args.pool if args.pool is not None else env.pool,
+        "poll": args.poll if args.poll is not None else env.poll,
+        "name": args.name or env.name,
+        "drain": args.drain if args.drain is not None else env.drain,
+        "no_catchup": args.no_catchup or not env.catchup,
+    }
+    _call("everystep_worker", **options)
+
+
+def migrate(env, args):
+    _call("migrate", verbosity=1)
+
+
+def schedule(env, args):
+    from everystep import registry
+    from everystep import schedule as schedule_run
+    from everystep.errors import EverystepError
+
+    try:
+        name = registry.find(args.workflow)
+    except LookupError as exc:
+        raise UsageError(f"{exc} (known: {', '.join(registry.names()) or 'none'})") from None
+    arguments = [_json_argument(text, index) for index, text in enumerate(args.args, 1)]
+    try:
+        run = schedule_run(registry.get(name), *arguments, idempotency_key=args.idempotency_key)
+    except EverystepError as exc:
+        raise UsageError(str(exc)) from None
+    print(run.id)
+
+
+def runs(env, args):
+    from everystep.models import Workflow
+
+    if args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    rows = Workflow.objects.order_by("-created_at")
+    if args.status:
+        rows = rows.filter(status=args.status)
+    rows = list(rows[: args.limit])
+    if args.json:
+        _print_json([_run_fields(run) for run in rows])
+        return
+    for run in rows:
+        print(
+            f"{run.id}  {run.status:<9}  {run.name}  created {run.created_at:%Y-%m-%d %H:%M:%S}"
+            + (f"  by {run.claimed_by}" if run.claimed_by else "")
+        )
+
+
+def show(env, args):
+    from everystep.models import Workflow
+
+    run = Workflow.objects.filter(id=_run_id(args.run_id)).first()
+    if run is None:
+        raise Failure(f"no run {args.run_id}")
+    steps = [_step_fields(step) for step in run.steps.order_by("id")]
+    if args.json:
+        _print_json({**_run_fields(run), "args": run.args, "result": run.result, "error": run.error, "steps": steps})
+        return
+    print(f"run {run.id}  {run.name}  {run.status}")
+    print(f"  args:         {_plain_json(run.args)}")
+    for label in ("claimed_by", "created_at", "completed_at"):
+        if getattr(run, label):
+            print(f"  {label + ':':<14}{getattr(run, label)}")
+    if run.status == "completed":
+        print(f"  result:       {_plain_json(run.result)}")
+    if run.error:
+        print(f"  error:        {run.error['type']}: {run.error['message']}")
+    for step in steps:
+        outcome = _plain_json(step["result"]) if step["status"] == "done" else (step["error"] or {}).get("message", "")
+        print(f"  step {step['step_id']:<12} {step['status']:<8} {step['name']}  {outcome}")
+
+
+def resolve_step(env, args):
+    given = {"result": args.result, "error": args.error, "discard": args.discard or None}
+    options = {key: value for key, value in given.items() if value is not None}
+    _call("everystep_resolve_step", args.run_id, args.step_id, **options)
+
+
+def requeue(env, args):
+    from everystep import store
+    from everystep.models import Workflow
+
+    if bool(args.run_ids) == bool(args.claimed_by):
+        raise UsageError("give run ids or --claimed-by NAME, not both")
+    ids = [_run_id(text) for text in args.run_ids] if args.run_ids else None
+    targets = Workflow.objects.filter(status="running")
+    targets = targets.filter(id__in=ids) if ids else targets.filter(claimed_by=args.claimed_by)
+    for name in set(targets.values_list("claimed_by", flat=True)):
+        _refuse_live_worker(name)
+    requeued = store.requeue_runs(ids, claimed_by=args.claimed_by)
+    for run_id in requeued:
+        print(run_id)
+    print(f"{len(requeued)} run(s) requeued", file=sys.stderr)
+
+
+def check(env, args):
+    from django.db import connection
+
+    from everystep import registry
+    from everystep_config.database import masked_url
+
+    problems = []
+    print(f"database:   {masked_url(env.effective_database_url)}")
+    print(f"workflows:  {', '.join(env.workflows) or '(EVERYSTEP_WORKFLOWS not set)'}")
+    for name in registry.names():
+        print(f"  {name}")
+    print(f"worker:     pool {env.pool}, poll {env.poll}s, drain {env.drain}s, catchup {env.catchup}")
+    print(f"logging:    {env.log_level} as {env.log_format}; sentry {'on' if env.sentry_dsn else 'off'}")
+    try:
+        pending = _pending_migrations()
+    except Exception as exc:  # noqa: BLE001 - reported as a problem
+        problems.append(f"cannot connect to the database: {' '.join(str(exc).split())}")
+    else:
+        print(f"connected:  {connection.vendor} {'.'.join(map(str, connection.get_database_version()))}")
+        if pending:
+            problems.append(f"{len(pending)} migration(s) pending: run migrate")
+        else:
+            print("migrations: up to date")
+    if not env.workflows:
+        problems.append("EVERYSTEP_WORKFLOWS is not set: the worker would have nothing to run")
+    for problem in problems:
+        print(f"problem:    {problem}")
+    return 1 if problems else 0
+
+
+def manage(env, args):
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["everystep manage", *args.manage_args])
+
+
+def _call(command, *args, **options):
+    try:
+        call_command(command, *args, **options)
+    except CommandError as exc:
+        if exc.returncode == 2 or command == "everystep_resolve_step":
+            raise UsageError(str(exc)) from None
+        raise Failure(str(exc)) from None
+
+
+def _pending_migrations():
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    return executor.migration_plan(executor.loader.graph.leaf_nodes())
+
+
+def _migrate_or_refuse():
+    """SQLite, the embedded default, is migrated on the spot; a server
+    database must be migrated by the operator first."""
+    from django.db import connection
+
+    from everystep import retry
+
+    pending = retry.retrying(lambda attempt: _pending_migrations(), what="checking migrations")
+    if not pending:
+        return
+    if connection.vendor == "sqlite":
+        call_command("migrate", verbosity=0)
+        return
+    raise UsageError(
+        f"the database has {len(pending)} unapplied migration(s): run `everystep migrate` first"
+    )
+
+
+def _refuse_live_worker(name):
+    from everystep.namelock import name_lock
+
+    lock = name_lock(name)
+    if not lock.try_acquire():
+        raise UsageError(
+            f"worker {name!r} is alive (it holds its name): stop it, or let it resume its own runs"
+        )
+    lock.release()
+
+
+def _run_id(text):
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise UsageError(f"{text!r} is not a run id") from None
+
+
+def _json_argument(text, index):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"argument {index} is not valid JSON ({exc.msg}): {text!r}") from None
+
+
+def _run_fields(run):
+    return {
+        "id": run.id,
+        "name": run.name,
+        "status": run.status,
+        "claimed_by": run.claimed_by,
+        "idempotency_key": run.idempotency_key,
+        "created_at": run.created_at,
+        "claimed_at": run.claimed_at,
+        "completed_at": run.completed_at,
+    }
+
+
+def _step_fields(step):
+    return {
+        "step_id": step.step_id,
+        "name": step.name,
+        "status": step.status,
+        "args": step.args,
+        "kwargs": step.kwargs,
+        "result": step.result,
+        "error": step.error,
+        "started_at": step.started_at,
+        "finished_at": step.finished_at,
+    }
+
+
+def _plain(value):
+    """Values JSON lacks, as a reader wants them: ISO dates, UUID strings…"""
+    if isinstance(value, datetime.datetime | datetime.date):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, enum.Enum):
+        return value.value
+    raise TypeError(f"cannot show a {type(value).__name__}")
+
+
+def _plain_json(value):
+    return json.dumps(value, default=_plain)
+
+
+def _print_json(value):
+    print(json.dumps(value, default=_plain, indent=2))

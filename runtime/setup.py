@@ -1,0 +1,69 @@
+"""From the environment to a configured Django: settings, logging, Sentry,
+the user's workflow modules."""
+
+import logging
+import logging.config
+import os
+import sys
+
+from everystep_runtime.errors import UsageError
+
+# Commands that run or schedule workflows need their modules imported.
+NEEDS_WORKFLOWS = {"worker", "schedule"}
+IMPORTS_WORKFLOWS = NEEDS_WORKFLOWS | {"check"}
+
+
+def read_environment(environ):
+    """The `Environment`, or `UsageError` naming the bad variable."""
+    from everystep_config.environment import ConfigError, load
+
+    try:
+        return load(environ)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def configure(env, command):
+    """Set up Django for `command`: the bundled settings (or the user's
+    ``DJANGO_SETTINGS_MODULE``), logging, Sentry, the workflow modules."""
+    import django
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    from everystep_config.django import django_settings, logging_config
+
+    if command in NEEDS_WORKFLOWS and not env.workflows:
+        raise UsageError("EVERYSTEP_WORKFLOWS is not set: name the modules that define your workflows")
+    workflows = env.workflows if command in IMPORTS_WORKFLOWS else []
+    sys.path[:0] = [os.path.abspath(entry) for entry in (env.path or [os.curdir])]
+    if env.django_settings_module is None:
+        settings.configure(**django_settings(env, workflows=workflows))
+        logging.config.dictConfig(logging_config(env))
+    _init_sentry(env)
+    try:
+        django.setup()
+        if env.django_settings_module is not None:
+            from everystep.apps import import_workflow_modules
+
+            import_workflow_modules(workflows)
+    except ImproperlyConfigured as exc:
+        raise UsageError(str(exc)) from None
+    except ImportError as exc:
+        raise UsageError(f"DJANGO_SETTINGS_MODULE: {exc}") from None
+
+
+def _init_sentry(env):
+    if not env.sentry_dsn:
+        return
+    import sentry_sdk
+    from sentry_sdk.utils import BadDsn
+
+    try:
+        sentry_sdk.init(
+            dsn=env.sentry_dsn,
+            environment=env.sentry_environment,
+            release=env.sentry_release,
+            send_default_pii=False,
+        )
+    except BadDsn:
+        raise UsageError("SENTRY_DSN is not a valid Sentry DSN") from None

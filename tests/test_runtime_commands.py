@@ -1,0 +1,150 @@
+"""The zipapp's commands (§8), run from outside the repository against the
+test database: schedule, runs, show, requeue, resolve-step, migrate, check,
+manage, worker."""
+
+import json
+import signal
+import uuid
+
+import pytest
+from django.db import connection
+
+from everystep.models import Step, Workflow
+from tests import workflows
+from tests.helpers import wait_until
+from tests.test_worker_shutdown import opened, started
+from tests.zipapp import one_line_error, run_pyz, workflow_environment
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def everystep(pyz, tmp_path):
+    """``everystep(*args, **env)``: run the zipapp in a scratch directory."""
+
+    def run(*args, env=None, **variables):
+        return run_pyz(pyz, *args, env=env or workflow_environment(**variables), cwd=tmp_path)
+
+    return run
+
+
+@pytest.fixture
+def pyz_worker(pyz, spawn_process, tmp_path):
+    """Start ``everystep.pyz worker`` processes: ``pyz_worker("name", *flags, **env)``."""
+
+    def spawn(name, *args, env=None, **variables):
+        command = [str(pyz), "worker", "--name", name, *args]
+        return spawn_process(name, command, env=env or workflow_environment(**variables), cwd=tmp_path)
+
+    return spawn
+
+
+def test_schedule_prints_the_run_id_and_a_worker_completes_it(everystep, pyz_worker):
+    result = everystep("schedule", "tests.workflows.add_twice", "1", "2")
+    assert result.returncode == 0, result.stderr
+    run_id = uuid.UUID(result.stdout.strip())
+    bare = everystep("schedule", "quick", "5", "--idempotency-key", "k1")
+    again = everystep("schedule", "quick", "6", "--idempotency-key", "k1")
+    assert bare.stdout == again.stdout
+
+    worker = pyz_worker("cli-worker").wait_ready()
+    wait_until(lambda: Workflow.objects.filter(status="completed").count() == 2)
+    assert Workflow.objects.get(id=run_id).result == 5
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0
+
+
+def test_runs_and_show_print_json_with_the_recorded_steps(everystep, pyz_worker):
+    run_id = everystep("schedule", "add_twice", "1", "2").stdout.strip()
+    worker = pyz_worker("json-worker").wait_ready()
+    wait_until(lambda: Workflow.objects.get(id=run_id).status == "completed")
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0
+
+    listed = json.loads(everystep("runs", "--json").stdout)
+    assert [r["id"] for r in listed] == [run_id]
+    assert {"id", "name", "status", "claimed_by", "created_at", "completed_at"} <= set(listed[0])
+    assert listed[0]["status"] == "completed" and listed[0]["claimed_by"] == "json-worker"
+    assert json.loads(everystep("runs", "--json", "--status", "failed").stdout) == []
+
+    shown = json.loads(everystep("show", run_id, "--json").stdout)
+    assert shown["result"] == 5 and shown["args"] == [1, 2]
+    assert [(s["step_id"], s["name"], s["status"], s["args"], s["kwargs"], s["result"], s["error"])
+            for s in shown["steps"]] == [
+        ("1", "tests.workflows.add", "done", [1, 2], {}, 3, None),
+        ("2", "tests.workflows.add", "done", [3, 2], {}, 5, None),
+    ]
+    text = everystep("show", run_id).stdout
+    assert "completed" in text and "tests.workflows.add" in text
+    assert run_id in everystep("runs").stdout
+
+
+def test_requeue_claimed_by_recovers_the_runs_of_a_sigkilled_worker(everystep, pyz_worker, tmp_path):
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    run_id = everystep("schedule", "gated", json.dumps(str(gates))).stdout.strip()
+    doomed = pyz_worker("doomed").wait_ready()
+    started(gates, "first")
+
+    refused = everystep("requeue", "--claimed-by", "doomed")
+    assert refused.returncode == 2 and "alive" in one_line_error(refused)
+    doomed.send(signal.SIGKILL)
+    doomed.wait()
+
+    result = everystep("requeue", "--claimed-by", "doomed")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [run_id]
+    run = Workflow.objects.get(id=run_id)
+    assert (run.status, run.claimed_by) == ("scheduled", None)
+
+    opened(gates, "first")
+    opened(gates, "second")
+    rescuer = pyz_worker("rescuer").wait_ready()
+    wait_until(lambda: Workflow.objects.get(id=run_id).status == "completed")
+    rescuer.send(signal.SIGTERM)
+    assert rescuer.wait() == 0
+
+
+def test_requeue_by_run_id_and_its_usage_errors(everystep):
+    run = Workflow.objects.create(name="tests.workflows.quick", args=[1], status="running", claimed_by="gone")
+    assert everystep("requeue", str(run.id)).stdout.split() == [str(run.id)]
+    assert Workflow.objects.get(id=run.id).status == "scheduled"
+    for args in (["requeue"], ["requeue", "not-a-uuid"], ["requeue", str(run.id), "--claimed-by", "x"]):
+        result = everystep(*args)
+        assert result.returncode == 2
+        one_line_error(result)
+
+
+def test_resolve_step_resolves_a_blocked_run(everystep):
+    run = Workflow.objects.create(name="tests.workflows.pay", args=[3], status="blocked", error={"type": "x", "message": "m", "args": []})
+    Step.objects.create(workflow=run, step_id="1", name="tests.workflows.charge", status="started")
+
+    refused = everystep("resolve-step", str(run.id), "2", "--discard")
+    assert refused.returncode == 2 and "not recorded" in one_line_error(refused)
+    result = everystep("resolve-step", str(run.id), "1", "--result", '{"charged": 3}')
+    assert result.returncode == 0, result.stderr
+    run.refresh_from_db()
+    assert run.status == "scheduled"
+    assert run.steps.get().result == {"charged": 3}
+    again = everystep("resolve-step", str(run.id), "1", "--discard")
+    assert again.returncode == 2 and "not blocked" in one_line_error(again)
+
+
+def test_manage_passes_through_to_django(everystep):
+    result = everystep("manage", "showmigrations", "everystep")
+    assert result.returncode == 0, result.stderr
+    assert "[X] 0001_initial" in result.stdout
+
+
+def test_schedule_usage_errors_are_one_line_and_exit_2(everystep):
+    for args, fragment in [
+        (["schedule", "no_such_workflow"], "no workflow named"),
+        (["schedule", "quick", "{not json"], "argument 1 is not valid JSON"),
+        (["schedule", "quick", '{"a": [1, 2]}', "--idempotency-key", "x" * 300], "idempotency_key"),
+        (["bogus-command"], "invalid choice"),
+        (["show", "nope"], "not a run id"),
+    ]:
+        result = everystep(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert fragment in one_line_error(result)
+    assert not Workflow.objects.exists()
