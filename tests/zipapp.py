@@ -35,12 +35,12 @@ def clean_environment(**variables):
 def workflow_environment(url=None, **variables):
     """Environment for the test workflows (``tests.workflows``) on the test
     database, or on `url`."""
-    return clean_environment(
-        EVERYSTEP_DATABASE_URL=url or database_url(),
-        EVERYSTEP_WORKFLOWS="tests.workflows",
-        EVERYSTEP_PATH=str(REPO),
-        **variables,
-    )
+    defaults = {
+        "EVERYSTEP_DATABASE_URL": url or database_url(),
+        "EVERYSTEP_WORKFLOWS": "tests.workflows",
+        "EVERYSTEP_PATH": str(REPO),
+    }
+    return clean_environment(**{**defaults, **variables})
 
 
 def run_pyz(pyz_path, *args, env, cwd, timeout=120):

@@ -1,0 +1,164 @@
+"""The deployment forms: the container image (hadolint, and the zipapp run the
+way the image runs it), the Procfile, and `make run`."""
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from everystep.models import Workflow
+from tests.helpers import database_url, wait_until
+from tests.workerproc import REPO
+from tests.zipapp import clean_environment
+
+UNPRIVILEGED = 65534  # nobody
+
+
+def test_the_dockerfile_passes_hadolint():
+    hadolint = pathlib.Path(sys.executable).parent / "hadolint"
+    result = subprocess.run([str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def final_stage(dockerfile):
+    """ENV, WORKDIR, USER, STOPSIGNAL, ENTRYPOINT and CMD of the last stage."""
+    text = re.sub(r"\\\n\s*", " ", dockerfile.read_text())
+    stage = text.rsplit("\nFROM ", 1)[1]
+    found = {"ENV": {}}
+    for line in stage.splitlines():
+        instruction, _, rest = line.strip().partition(" ")
+        if instruction == "ENV":
+            found["ENV"].update(dict(pair.split("=", 1) for pair in rest.split()))
+        elif instruction in ("WORKDIR", "USER", "STOPSIGNAL"):
+            found[instruction] = rest.strip()
+        elif instruction in ("ENTRYPOINT", "CMD"):
+            found[instruction] = json.loads(rest)
+    return found
+
+
+@pytest.fixture
+def image_root(pyz):
+    """A directory laid out like the image's filesystem: the zipapp in
+    /opt/everystep, extracted at build time by root, all read-only but
+    /app/data; the example workflows in /app/workflows."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix="everystep-image-"))
+    root.chmod(0o755)
+    image = final_stage(REPO / "Dockerfile")
+    opt = root / "opt" / "everystep"
+    opt.mkdir(parents=True)
+    shutil.copy2(pyz, opt / "everystep.pyz")
+    (root / "app" / "workflows").mkdir(parents=True)
+    shutil.copy2(REPO / "examples" / "shop.py", root / "app" / "workflows" / "shop.py")
+    (root / "app" / "data").mkdir()
+    env = image_environment(root, image)
+    # The build step: `RUN python3 /opt/everystep/everystep.pyz --version`, as root.
+    subprocess.run(["python3", str(opt / "everystep.pyz"), "--version"],
+                   env=env, check=True, capture_output=True)
+    for path in [root, *root.rglob("*")]:
+        if path != root / "app" / "data":
+            path.chmod(path.stat().st_mode & ~0o222)
+    os.chown(root / "app" / "data", UNPRIVILEGED, UNPRIVILEGED)
+    yield root, image, env
+    for path in [root, *root.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)
+    shutil.rmtree(root)
+
+
+def image_environment(root, image):
+    """The image's ENV with its absolute paths moved under `root`."""
+    def relocate(value):
+        return value.replace("/opt/everystep", f"{root}/opt/everystep").replace("/app", f"{root}/app")
+
+    env = clean_environment(**{key: relocate(value) for key, value in image["ENV"].items()})
+    env["EVERYSTEP_WORKFLOWS"] = "shop"
+    return env
+
+
+def as_image_user(root, image, args):
+    """The image's ENTRYPOINT + `args`, relocated under `root`."""
+    entrypoint = [part.replace("/opt/everystep", f"{root}/opt/everystep") for part in image["ENTRYPOINT"]]
+    return [*entrypoint, *args]
+
+
+def test_the_image_runs_as_a_non_root_user_on_a_read_only_tree_and_drains_on_sigterm(
+    image_root, spawn_process
+):
+    root, image, env = image_root
+    assert image["USER"] not in ("", "0", "root") and image["STOPSIGNAL"] == "SIGTERM"
+    assert image["CMD"] == ["worker"] and image["WORKDIR"] == "/app"
+    workdir = root / "app"
+    user = {"user": UNPRIVILEGED, "group": UNPRIVILEGED, "extra_groups": []}
+
+    worker = spawn_process("image", as_image_user(root, image, image["CMD"]), env=env, cwd=workdir, **user)
+    worker.wait_ready()
+    order = '{"id": 1, "item": "lamp", "quantity": 1, "card": "tok"}'
+    scheduled = subprocess.run(
+        as_image_user(root, image, ["schedule", "fulfil_order", order]),
+        env=env, cwd=workdir, capture_output=True, text=True, **user,
+    )
+    assert scheduled.returncode == 0, scheduled.stderr
+    worker.wait_for_log(f"run {scheduled.stdout.strip()} shop.fulfil_order completed")
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0, worker.log()
+    assert "Permission denied" not in worker.log() and "Read-only" not in worker.log()
+    assert not list((root / "opt").rglob("__pycache__"))
+
+
+def procfile():
+    return dict(line.split(": ", 1) for line in (REPO / "Procfile").read_text().splitlines() if line.strip())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_procfile_migrates_on_release_and_runs_a_stable_named_worker_within_the_grace(
+    spawn_process, tmp_path
+):
+    processes = procfile()
+    assert set(processes) == {"release", "worker"}
+    env = clean_environment(
+        DATABASE_URL=database_url(),  # as a Heroku-style platform sets it
+        DYNO="worker.1",
+        EVERYSTEP_WORKFLOWS="tests.workflows",
+        EVERYSTEP_PATH=str(REPO),
+        PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}",
+    )
+    release = subprocess.run(["bash", "-c", processes["release"]], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert release.returncode == 0, release.stderr
+
+    worker = spawn_process("dyno", ["bash", "-c", f"exec {processes['worker']}"], env=env, cwd=tmp_path)
+    worker.wait_ready()
+    ready = next(line for line in worker.log().splitlines() if "ready" in line)
+    assert "worker worker.1 ready" in ready
+    drain = float(re.search(r"drain ([\d.]+)s", ready).group(1))
+    assert 0 < drain < 30, "the drain must fit the platform's 30-second shutdown grace"
+    run = Workflow.objects.create(name="tests.workflows.quick", args=[1])
+    wait_until(lambda: Workflow.objects.get(id=run.id).status == "completed")
+    worker.send(signal.SIGTERM)
+    assert worker.wait(30) == 0
+
+
+def children(pid):
+    return [int(child) for child in pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_make_run_completes_the_example_runs_and_drains_on_sigint(pyz, tmp_path, spawn_process):
+    copy = tmp_path / "everystep"
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True)
+    for name in [*tracked.stdout.split(), "dist/everystep.pyz"]:
+        if (REPO / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, copy / name)
+    make = spawn_process("make-run", ["make", "run"], env=clean_environment(), cwd=copy)
+    wait_until(lambda: make.log().count("completed in") >= 3, timeout=60, message="three orders completed")
+    assert "stopped" in make.log()  # the desk is out of stock: a Terminal stop
+    [worker] = children(make.pid)
+    os.kill(worker, signal.SIGINT)  # what Ctrl-C delivers to the worker
+    assert make.wait(30) == 0, make.log()
+    assert "worker example stopped" in make.log()
+    assert "Traceback" not in make.log()

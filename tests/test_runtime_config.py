@@ -1,0 +1,214 @@
+"""The zipapp's configuration (§8): every variable honoured, flags over the
+environment, bad values refused in one line, secrets never shown."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import uuid
+
+import pytest
+from django.db import connection
+
+from everystep.models import Workflow
+from tests.helpers import database_url, wait_until
+from tests.zipapp import clean_environment, one_line_error, run_pyz, workflow_environment
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def pyz_worker(pyz, spawn_process, tmp_path):
+    def spawn(*args, env):
+        return spawn_process("pyz", [str(pyz), "worker", *args], env=env, cwd=tmp_path)
+
+    return spawn
+
+
+def stop(worker):
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0, worker.log()
+
+
+def ready_line(worker):
+    worker.wait_ready()
+    return next(line for line in worker.log().splitlines() if "ready" in line)
+
+
+def test_worker_settings_come_from_the_environment(pyz_worker):
+    env = workflow_environment(
+        EVERYSTEP_POOL="3", EVERYSTEP_POLL="0.5", EVERYSTEP_NAME="from-env", EVERYSTEP_DRAIN="7"
+    )
+    worker = pyz_worker(env=env)
+    assert "worker from-env ready: pool 3, poll 0.5s, drain 7.0s" in ready_line(worker)
+    stop(worker)
+
+
+def test_flags_override_the_environment(pyz_worker):
+    env = workflow_environment(EVERYSTEP_POOL="3", EVERYSTEP_NAME="from-env", EVERYSTEP_DRAIN="7")
+    worker = pyz_worker("--pool", "5", "--name", "from-flag", "--drain", "2", "--poll", "0.1", env=env)
+    assert "worker from-flag ready: pool 5, poll 0.1s, drain 2.0s" in ready_line(worker)
+    stop(worker)
+
+
+@pytest.mark.parametrize(
+    "variables, expected",
+    [({"DYNO": "worker.3"}, "worker.3"), ({"DYNO": "worker.3", "EVERYSTEP_NAME": "named"}, "named"), ({}, socket.gethostname())],
+)
+def test_the_default_name_is_everystep_name_then_dyno_then_the_hostname(pyz_worker, variables, expected):
+    worker = pyz_worker(env=workflow_environment(**variables))
+    assert f"worker {expected} ready" in ready_line(worker)
+    stop(worker)
+
+
+def test_catchup_can_be_switched_off(pyz_worker):
+    parked = Workflow.objects.create(name="tests.workflows.quick", args=[1], status="running", claimed_by="parker")
+    worker = pyz_worker(env=workflow_environment(EVERYSTEP_NAME="parker", EVERYSTEP_CATCHUP="false"))
+    worker.wait_ready()
+    fresh = Workflow.objects.create(name="tests.workflows.quick", args=[2])
+    wait_until(lambda: Workflow.objects.get(id=fresh.id).status == "completed")
+    assert Workflow.objects.get(id=parked.id).status == "running"
+    stop(worker)
+
+
+def test_json_logs_are_one_object_per_line_and_the_level_filters(pyz_worker):
+    worker = pyz_worker(env=workflow_environment(EVERYSTEP_LOG_FORMAT="json"))
+    worker.wait_ready()
+    run = Workflow.objects.create(name="tests.workflows.quick", args=[1])
+    wait_until(lambda: Workflow.objects.get(id=run.id).status == "completed")
+    stop(worker)
+    records = [json.loads(line) for line in worker.log().splitlines()]
+    assert any(r["message"].startswith("worker") and "ready" in r["message"] for r in records)
+    assert {"time", "level", "logger", "message"} <= set(records[0])
+    assert any(r.get("action") == "run_completed" for r in records)
+
+    quiet = pyz_worker(env=workflow_environment(EVERYSTEP_LOG_LEVEL="warning"))
+    run = Workflow.objects.create(name="tests.workflows.quick", args=[2])
+    wait_until(lambda: Workflow.objects.get(id=run.id).status == "completed")
+    stop(quiet)
+    assert quiet.log() == ""  # nothing at WARNING or above happened
+
+
+def test_database_url_falls_back_to_database_url_then_sqlite(pyz, tmp_path):
+    env = workflow_environment()
+    env["DATABASE_URL"] = env.pop("EVERYSTEP_DATABASE_URL")
+    result = run_pyz(pyz, "check", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    default = run_pyz(pyz, "migrate", env=clean_environment(), cwd=tmp_path)
+    assert default.returncode == 0, default.stderr
+    assert (tmp_path / "everystep.sqlite3").exists()
+
+
+def test_everystep_path_finds_the_workflow_modules(pyz, tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "flows.py").write_text(
+        "from everystep import step, workflow\n@workflow\ndef hello():\n    return 1\n"
+    )
+    env = workflow_environment(EVERYSTEP_WORKFLOWS="flows", EVERYSTEP_PATH=str(tmp_path / "mine"))
+    result = run_pyz(pyz, "check", env=env, cwd=tmp_path)
+    assert "flows.hello" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "variables, command, fragment",
+    [
+        ({"EVERYSTEP_POOL": "abc"}, "worker", "EVERYSTEP_POOL"),
+        ({"EVERYSTEP_POLL": "-1"}, "worker", "EVERYSTEP_POLL"),
+        ({"EVERYSTEP_DRAIN": "soon"}, "worker", "EVERYSTEP_DRAIN"),
+        ({"EVERYSTEP_CATCHUP": "perhaps"}, "worker", "EVERYSTEP_CATCHUP"),
+        ({"EVERYSTEP_LOG_FORMAT": "xml"}, "worker", "EVERYSTEP_LOG_FORMAT"),
+        ({"EVERYSTEP_DATABASE_URL": "redis://127.0.0.1/0"}, "worker", "EVERYSTEP_DATABASE_URL"),
+        ({"EVERYSTEP_WORKFLOWS": ""}, "worker", "EVERYSTEP_WORKFLOWS"),
+        ({"EVERYSTEP_WORKFLOWS": ""}, "schedule", "EVERYSTEP_WORKFLOWS"),
+        ({"EVERYSTEP_WORKFLOWS": "no_such_module"}, "worker", "no_such_module"),
+        ({"EVERYSTEP_WORKFLOWS": "tests.broken_workflows"}, "worker", "tests.broken_workflows"),
+        ({"SENTRY_DSN": "not a dsn"}, "worker", "SENTRY_DSN"),
+    ],
+)
+def test_bad_configuration_exits_2_with_one_line_naming_it(pyz, tmp_path, variables, command, fragment):
+    args = [command, "quick"] if command == "schedule" else [command]
+    result = run_pyz(pyz, *args, env=workflow_environment(**variables), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert fragment in one_line_error(result)
+
+
+def test_bad_flags_exit_2_with_one_line(pyz, tmp_path):
+    for args in (["worker", "--pool", "many"], ["worker", "--pool", "0"], ["worker", "--drain", "-1"]):
+        result = run_pyz(pyz, *args, env=workflow_environment(), cwd=tmp_path)
+        assert result.returncode == 2, (args, result.stderr)
+        one_line_error(result)
+
+
+def test_passwords_and_sentry_dsns_never_reach_check_output_or_worker_logs(pyz, pyz_worker, tmp_path):
+    password, sentry_key = "pa55-" + uuid.uuid4().hex, "k3y" + uuid.uuid4().hex
+    dsn = f"http://{sentry_key}@127.0.0.1:9/42"
+    bad_url = f"postgres://someone:{password}@127.0.0.1:9/nowhere"
+    check = run_pyz(pyz, "check", env=workflow_environment(bad_url, SENTRY_DSN=dsn), cwd=tmp_path)
+    assert check.returncode != 0
+    assert "someone:***@127.0.0.1" in check.stdout
+    assert password not in check.stdout + check.stderr and sentry_key not in check.stdout + check.stderr
+
+    url = database_url()
+    if connection.vendor != "sqlite":  # a password the server ignores (trust / no password)
+        url = url.replace("@", f":{password}@", 1) if ":" not in url.split("//")[1].split("@")[0] else url
+    worker = pyz_worker(env=workflow_environment(url, SENTRY_DSN=dsn, EVERYSTEP_LOG_LEVEL="DEBUG"))
+    worker.wait_ready()
+    run = Workflow.objects.create(name="tests.workflows.failing_body")
+    wait_until(lambda: Workflow.objects.get(id=run.id).status == "failed")
+    stop(worker)
+    assert password not in worker.log() and sentry_key not in worker.log()
+
+
+def test_the_worker_refuses_an_unmigrated_server_database_and_sqlite_migrates_itself(
+    pyz, pyz_worker, tmp_path, empty_database_url
+):
+    env = workflow_environment(empty_database_url)
+    if connection.vendor == "sqlite":
+        worker = pyz_worker(env=env)
+        worker.wait_ready()
+        scheduled = run_pyz(pyz, "schedule", "quick", "1", env=env, cwd=tmp_path)
+        assert scheduled.returncode == 0, scheduled.stderr
+        stop(worker)
+        return
+    result = run_pyz(pyz, "worker", env=env, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "run `everystep migrate`" in one_line_error(result)
+    check = run_pyz(pyz, "check", env=env, cwd=tmp_path)
+    assert check.returncode == 1 and "run migrate" in check.stdout
+    first = run_pyz(pyz, "migrate", env=env, cwd=tmp_path)
+    second = run_pyz(pyz, "migrate", env=env, cwd=tmp_path)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert "No migrations to apply" in second.stdout
+    assert run_pyz(pyz, "check", env=env, cwd=tmp_path).returncode == 0
+
+
+@pytest.fixture
+def empty_database_url(tmp_path):
+    """A URL of a new, empty database on the test server (or a new SQLite file)."""
+    if connection.vendor == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.sqlite3'}"
+        return
+    name = f"everystep_empty_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE DATABASE {name}")
+    yield database_url().rsplit("/", 1)[0] + f"/{name}"
+    connection.close()
+    from django.db import connections
+
+    with connections["default"].cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"DROP DATABASE {name} WITH (FORCE)")
+        else:
+            cursor.execute(f"DROP DATABASE {name}")
+
+
+def test_the_zipapp_refuses_another_python_in_one_line(pyz, tmp_path):
+    import glob
+
+    others = [p for p in glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[23]*/bin/python3.1[23]"))]
+    assert others, "a Python other than the build's is needed for this test (3.12 or 3.13)"
+    result = subprocess.run([others[0], str(pyz), "check"], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2
+    line = one_line_error(result)
+    assert "was built for Python 3.11" in line and "make pyz PYTHON=" in line
