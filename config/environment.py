@@ -104,6 +104,12 @@ class Environment:
         converter=_boolean("EVERYSTEP_CATCHUP"),
         help="resume runs parked under the worker's name at start",
     )
+    notify = environ.var(
+        "true",
+        converter=_boolean("EVERYSTEP_NOTIFY"),
+        help="on PostgreSQL, wake idle workers with LISTEN/NOTIFY (false behind PgBouncer's "
+        "transaction pooling)",
+    )
     installed_apps = environ.var(
         None, converter=_listing(","), help="extra Django apps, comma-separated"
     )

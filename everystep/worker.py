@@ -66,7 +66,7 @@ class _Job:
 class Worker:
     """A worker process's loop; `run()` blocks until it has drained."""
 
-    def __init__(self, pool_size=4, poll=0.2, name=None, drain=30, catchup=True):
+    def __init__(self, pool_size=4, poll=0.2, name=None, drain=30, catchup=True, notify=True):
         if not (isinstance(pool_size, int) and pool_size >= 1):
             raise ValueError(f"pool_size must be a whole number >= 1, not {pool_size!r}")
         if not poll > 0:
@@ -78,6 +78,7 @@ class Worker:
         self.name = name or default_name()
         self.drain = drain
         self.catchup = catchup
+        self.notify = notify
         self.abandoned = False  # runs were left executing when run() returned
         self._stop = threading.Event()  # stop claiming and drain
         self._hurry = threading.Event()  # a second stop: requeue now
@@ -110,6 +111,7 @@ class Worker:
             self._lock = self._acquire_name()
             if self._lock is None:
                 return  # stopped while waiting for the name
+            listener = self._start_listener()
             try:
                 self._start_pool()
                 if self.catchup:
@@ -126,6 +128,8 @@ class Worker:
                 self._loop()
                 self._drain()
             finally:
+                if listener is not None:
+                    listener.stop()
                 self._lock.release()
                 for _ in range(self.pool_size):
                     self._todo.put(None)
@@ -215,18 +219,37 @@ class Worker:
                 target=self._pool_thread, name=f"everystep-{self.name}-{index}", daemon=True
             ).start()
 
+    def _start_listener(self):
+        """On PostgreSQL, wake the loop as soon as a run is scheduled."""
+        if not self.notify or connection.vendor != "postgresql":
+            return None
+        from everystep.notify import Listener
+
+        listener = Listener(self._wake.set)
+        listener.start()
+        return listener
+
     def _pool_thread(self):
         """Execute jobs until told to stop. Daemon threads: a worker that must
-        exit with a step still running does not wait for it."""
-        while (job := self._todo.get()) is not None:
-            try:
-                job.status = runner.execute(job.claimed, draining=self._draining)
-            except BaseException as exc:  # noqa: BLE001 - reported by the loop
-                job.error = exc
-            finally:
-                connections.close_all()  # no connection per run piles up
-                self._done.put(job)
-                self._wake.set()
+        exit with a step still running does not wait for it.
+
+        Each pool thread keeps one connection from run to run — a new
+        connection per run would cost more than the run's steps — so a
+        worker holds at most one per pool thread, never one per run. A
+        connection that saw an error is closed and opened afresh.
+        """
+        try:
+            while (job := self._todo.get()) is not None:
+                try:
+                    job.status = runner.execute(job.claimed, draining=self._draining)
+                except BaseException as exc:  # noqa: BLE001 - reported by the loop
+                    job.error = exc
+                finally:
+                    _close_if_unclean()
+                    self._done.put(job)
+                    self._wake.set()
+        finally:
+            connections.close_all()
 
     def _reap(self):
         """Forget finished runs; fail the ones that died outside the runner."""
@@ -374,6 +397,14 @@ class Worker:
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
+
+
+def _close_if_unclean():
+    """Close this thread's connection if a run left it in doubt."""
+    if connection.connection is not None and (
+        connection.errors_occurred or connection.in_atomic_block or connection.needs_rollback
+    ):
+        retry.reset_connection()
 
 
 def _report_to_sentry(exc, run, worker_name):

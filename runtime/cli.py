@@ -40,6 +40,9 @@ def build_parser():
     worker.add_argument(
         "--no-catchup", action="store_true", help="skip resuming runs parked under this name (EVERYSTEP_CATCHUP=false)"
     )
+    worker.add_argument(
+        "--no-notify", action="store_true", help="poll only, no LISTEN/NOTIFY wake-up (EVERYSTEP_NOTIFY=false)"
+    )
 
     commands.add_parser("migrate", help="create or upgrade the tables; idempotent")
 

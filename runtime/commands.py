@@ -23,6 +23,7 @@ def worker(env, args):
         "name": args.name or env.name,
         "drain": args.drain if args.drain is not None else env.drain,
         "no_catchup": args.no_catchup or not env.catchup,
+        "no_notify": args.no_notify or not env.notify,
     }
     _call("everystep_worker", **options)
 

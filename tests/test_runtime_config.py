@@ -149,9 +149,7 @@ def test_passwords_and_sentry_dsns_never_reach_check_output_or_worker_logs(pyz, 
     assert "someone:***@127.0.0.1" in check.stdout
     assert password not in check.stdout + check.stderr and sentry_key not in check.stdout + check.stderr
 
-    url = database_url()
-    if connection.vendor != "sqlite":  # a password the server ignores (trust / no password)
-        url = url.replace("@", f":{password}@", 1) if ":" not in url.split("//")[1].split("@")[0] else url
+    url = url_with_password(password)
     worker = pyz_worker(env=workflow_environment(url, SENTRY_DSN=dsn, EVERYSTEP_LOG_LEVEL="DEBUG"))
     worker.wait_ready()
     run = Workflow.objects.create(name="tests.workflows.failing_body")
@@ -181,6 +179,24 @@ def test_the_worker_refuses_an_unmigrated_server_database_and_sqlite_migrates_it
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
     assert "No migrations to apply" in second.stdout
     assert run_pyz(pyz, "check", env=env, cwd=tmp_path).returncode == 0
+
+
+def url_with_password(password):
+    """The test database's URL with a password in it that the server accepts:
+    PostgreSQL's test server trusts 127.0.0.1 whatever the password; on
+    MariaDB a user with this password is created."""
+    url = database_url()
+    if connection.vendor == "sqlite":
+        return url
+    user = "everystep"
+    if connection.vendor == "mysql":
+        user = "secretive"
+        with connection.cursor() as cursor:
+            cursor.execute(f"CREATE USER IF NOT EXISTS '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'")
+            cursor.execute(f"ALTER USER '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'")
+            cursor.execute(f"GRANT ALL ON *.* TO '{user}'@'127.0.0.1'")
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{user}:{password}@{rest.split('@', 1)[1]}"
 
 
 @pytest.fixture

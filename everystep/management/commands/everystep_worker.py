@@ -35,12 +35,22 @@ class Command(BaseCommand):
             action="store_true",
             help="do not resume runs parked under this name by a crashed process",
         )
+        parser.add_argument(
+            "--no-notify",
+            action="store_true",
+            help="poll only; do not LISTEN for new runs (PostgreSQL behind PgBouncer in "
+            "transaction mode)",
+        )
 
-    def handle(self, pool, poll, name, drain, no_catchup, **options):
+    def handle(self, pool, poll, name, drain, no_catchup, no_notify, **options):
         try:
             worker = Worker(
-                pool_size=pool, poll=poll, name=name or default_name(), drain=drain,
+                pool_size=pool,
+                poll=poll,
+                name=name or default_name(),
+                drain=drain,
                 catchup=not no_catchup,
+                notify=not no_notify,
             )
         except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from None
