@@ -57,11 +57,9 @@ class Workflow(models.Model):
                 fields=["name", "idempotency_key"], name="everystep_workflow_idempotency"
             ),
         ]
+        # The claim's index — scheduled runs in creation order, without the
+        # finished ones — differs by backend and is made by migration 0002.
         indexes = [
-            # The claim reads scheduled runs in creation order: with status
-            # leading, it seeks straight to them however many finished runs
-            # the table holds.
-            models.Index(fields=["status", "created_at"], name="everystep_workflow_claim"),
             models.Index(fields=["claimed_by", "status"], name="everystep_workflow_claimed_by"),
         ]
 

@@ -117,12 +117,13 @@ class Worker:
                 if self.catchup:
                     self._claim(only_parked=True)
                 logger.info(
-                    "worker %s ready: pool %d, poll %ss, drain %ss, database %s",
+                    "worker %s ready: pool %d, poll %ss, drain %ss, database %s, %s",
                     self.name,
                     self.pool_size,
                     self.poll,
                     self.drain,
                     connection.vendor,
+                    "woken by LISTEN/NOTIFY" if listener else "polling",
                     extra={"action": "worker_ready", "worker": self.name},
                 )
                 self._loop()

@@ -228,3 +228,25 @@ def test_the_zipapp_refuses_another_python_in_one_line(pyz, tmp_path):
     assert result.returncode == 2
     line = one_line_error(result)
     assert "was built for Python 3.11" in line and "make pyz PYTHON=" in line
+
+
+def test_notify_can_be_switched_off(pyz_worker):
+    worker = pyz_worker(env=workflow_environment(EVERYSTEP_NOTIFY="false"))
+    assert ready_line(worker).endswith("polling")
+    stop(worker)
+
+
+def test_installed_apps_extend_the_bundled_settings(pyz, tmp_path):
+    env = workflow_environment(EVERYSTEP_INSTALLED_APPS="django.contrib.contenttypes")
+    result = run_pyz(pyz, "manage", "showmigrations", "contenttypes", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "0001_initial" in result.stdout
+
+
+def test_django_settings_module_replaces_the_bundled_settings(pyz, tmp_path):
+    env = workflow_environment(DJANGO_SETTINGS_MODULE="tests.settings", EVERYSTEP_WORKFLOWS="tests.workflows")
+    env["EVERYSTEP_TEST_DB"] = os.environ.get("EVERYSTEP_TEST_DB", "sqlite")
+    env["PYTHONPATH"] = env["EVERYSTEP_PATH"]
+    result = run_pyz(pyz, "check", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tests.workflows.quick" in result.stdout

@@ -74,3 +74,22 @@ def test_an_embedded_worker_stops_with_stop_and_leaves_nothing_claimed(embedded_
     assert sorted(Workflow.objects.filter(id__in=[r.id for r in runs]).values_list("status", flat=True)) == [
         "scheduled"
     ] * 3
+
+
+@pytest.mark.backends("postgres")
+def test_on_postgresql_an_idle_worker_is_woken_by_a_schedule_long_before_its_next_poll(spawn_worker):
+    worker = spawn_worker("listener", "--poll", "120").wait_ready()
+    assert "woken by LISTEN/NOTIFY" in worker.log()
+    run = schedule(workflows.quick, 1)
+    wait_until(lambda: Workflow.objects.get(id=run.id).status == "completed", timeout=60)
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0
+
+
+def test_without_notify_the_worker_polls(spawn_worker):
+    worker = spawn_worker("poller", "--poll", "0.05", "--no-notify").wait_ready()
+    assert "polling" in worker.log()
+    run = schedule(workflows.quick, 1)
+    wait_until(lambda: Workflow.objects.get(id=run.id).status == "completed")
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0

@@ -33,7 +33,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'db_table': 'everystep_workflow',
-                'indexes': [models.Index(fields=['status', 'created_at'], name='everystep_workflow_claim'), models.Index(fields=['claimed_by', 'status'], name='everystep_workflow_claimed_by')],
+                'indexes': [models.Index(fields=['claimed_by', 'status'], name='everystep_workflow_claimed_by')],
                 'constraints': [models.UniqueConstraint(fields=('name', 'idempotency_key'), name='everystep_workflow_idempotency')],
             },
         ),

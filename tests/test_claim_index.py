@@ -1,0 +1,31 @@
+"""The claim reads an index without finished runs, whatever the backend."""
+
+import pytest
+from django.db import connection
+
+from everystep import store
+from everystep.models import Workflow
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CLAIM_READ = (
+    "SELECT id FROM everystep_workflow WHERE status = 'scheduled' ORDER BY created_at LIMIT 8"
+)
+
+
+def plan(sql):
+    explain = {"postgresql": "EXPLAIN ", "sqlite": "EXPLAIN QUERY PLAN ", "mysql": "EXPLAIN "}
+    with connection.cursor() as cursor:
+        cursor.execute(explain[connection.vendor] + sql)
+        return " ".join(" ".join(map(str, row)) for row in cursor.fetchall())
+
+
+def test_the_claim_seeks_through_the_scheduled_index_past_many_finished_runs():
+    Workflow.objects.bulk_create(
+        [Workflow(name="w", status="completed") for _ in range(20_000)], batch_size=2_000
+    )
+    Workflow.objects.bulk_create([Workflow(name="w") for _ in range(5)])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE" if connection.vendor != "mysql" else "ANALYZE TABLE everystep_workflow")
+    assert "everystep_workflow_scheduled" in plan(CLAIM_READ)
+    assert len(store.claim("indexed", 8)) == 5
