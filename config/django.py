@@ -35,7 +35,11 @@ def logging_config(env):
         "disable_existing_loggers": False,
         "formatters": {"default": formatter},
         "handlers": {
-            "stderr": {"class": "logging.StreamHandler", "formatter": "default", "stream": "ext://sys.stderr"}
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "default",
+                "stream": "ext://sys.stderr",
+            }
         },
         "root": {"handlers": ["stderr"], "level": "WARNING"},
         "loggers": {"everystep": {"level": env.log_level}},

@@ -6,7 +6,6 @@
 """
 
 import environ
-
 from everystep_config.database import DatabaseURLError, database_settings
 
 DEFAULT_DATABASE_URL = "sqlite:///everystep.sqlite3"

@@ -30,8 +30,17 @@ _NAMES = {
     "Terminal": "everystep.errors",
 }
 _SUBMODULES = {
-    "api", "context", "errors", "models", "recovery", "registry", "retry", "runner",
-    "serde", "store", "worker",
+    "api",
+    "context",
+    "errors",
+    "models",
+    "recovery",
+    "registry",
+    "retry",
+    "runner",
+    "serde",
+    "store",
+    "worker",
 }
 
 __all__ = [*_NAMES, *sorted(_SUBMODULES)]

@@ -121,8 +121,7 @@ def _check_branch(branch):
     calls = branch if isinstance(branch, list) else [branch]
     if not calls or not all(callable(call) for call in calls):
         raise TypeError(
-            "parallel() takes zero-argument callables or non-empty lists of them, "
-            f"not {branch!r}"
+            f"parallel() takes zero-argument callables or non-empty lists of them, not {branch!r}"
         )
 
 

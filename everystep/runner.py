@@ -57,7 +57,9 @@ def execute(claimed, draining=None):
     )
     started = time.monotonic()
     try:
-        run.outcomes.update(_guarded(lambda attempt: store.load_outcomes(run.workflow_id), "loading steps"))
+        run.outcomes.update(
+            _guarded(lambda attempt: store.load_outcomes(run.workflow_id), "loading steps")
+        )
         body = registry.get(run.workflow_name)
         if body is None:
             raise EverystepError(
@@ -127,7 +129,12 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
     _record(
         run, step, status, encoded_result, encoded_error, update=unsafe_to_repeat or rerun_started
     )
-    run.outcomes[step_id] = {"name": name, "status": status, "result": result, "error": encoded_error}
+    run.outcomes[step_id] = {
+        "name": name,
+        "status": status,
+        "result": result,
+        "error": encoded_error,
+    }
     if error is not None:
         raise error
     return result

@@ -33,7 +33,9 @@ def to_json(value):
         return int(value)
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise EverystepError(f"cannot serialize the float {value!r}: JSON has no NaN or infinity")
+            raise EverystepError(
+                f"cannot serialize the float {value!r}: JSON has no NaN or infinity"
+            )
         return value
     if isinstance(value, list):
         return [to_json(item) for item in value]

@@ -169,7 +169,11 @@ class Worker:
                 "resumed parked" if only_parked else "claimed",
                 len(claimed),
                 ", ".join(str(run.id) for run in claimed),
-                extra={"action": "claim", "worker": self.name, "run_ids": [str(r.id) for r in claimed]},
+                extra={
+                    "action": "claim",
+                    "worker": self.name,
+                    "run_ids": [str(r.id) for r in claimed],
+                },
             )
         for run in claimed:
             job = _Job(run)
@@ -315,7 +319,9 @@ class Worker:
             self._wake.wait(0.5 if remaining is None else min(remaining, 0.5))
         if self._in_flight:
             self._requeue_leftovers()
-        logger.info("worker %s stopped", self.name, extra={"action": "worker_stopped", "worker": self.name})
+        logger.info(
+            "worker %s stopped", self.name, extra={"action": "worker_stopped", "worker": self.name}
+        )
 
     def _requeue_leftovers(self):
         """Requeue the runs still executing at the deadline; if the database
@@ -337,7 +343,11 @@ class Worker:
                 logger.info(
                     "run %s requeued at the drain deadline while its step was still running",
                     job.claimed.id,
-                    extra={"action": "run_requeued", "worker": self.name, "run_id": str(job.claimed.id)},
+                    extra={
+                        "action": "run_requeued",
+                        "worker": self.name,
+                        "run_id": str(job.claimed.id),
+                    },
                 )
         if parked:
             logger.error(

@@ -8,8 +8,9 @@ deliberately with `Terminal`: a business outcome, not a failure.
 
 Run it with the zipapp::
 
-    EVERYSTEP_PATH=examples EVERYSTEP_WORKFLOWS=shop ./everystep.pyz schedule fulfil_order '{"id": 7, "item": "lamp", "quantity": 1, "card": "tok_visa"}'
-    EVERYSTEP_PATH=examples EVERYSTEP_WORKFLOWS=shop ./everystep.pyz worker
+    export EVERYSTEP_PATH=examples EVERYSTEP_WORKFLOWS=shop
+    ./everystep.pyz schedule fulfil_order '{"id": 7, "item": "lamp", "quantity": 1, "card": "tok"}'
+    ./everystep.pyz worker
 """
 
 import hashlib
@@ -64,4 +65,9 @@ def fulfil_order(order):
         lambda: notify_warehouse(reservation["reservation"]),
         lambda: email_customer(order["id"], payment["charge"], everystep_id="receipt"),
     )
-    return {"order": order["id"], "charge": payment["charge"], "picking": picking, "receipt": receipt}
+    return {
+        "order": order["id"],
+        "charge": payment["charge"],
+        "picking": picking,
+        "receipt": receipt,
+    }

@@ -34,25 +34,39 @@ def build_parser():
 
     worker = commands.add_parser("worker", help="run a worker; exits 0 after a clean drain")
     worker.add_argument("--pool", type=int, help="runs in flight at most (EVERYSTEP_POOL, 4)")
-    worker.add_argument("--poll", type=float, help="seconds between idle claims (EVERYSTEP_POLL, 0.2)")
-    worker.add_argument("--name", help="unique, stable name (EVERYSTEP_NAME, DYNO, hostname)")
-    worker.add_argument("--drain", type=float, help="seconds to drain on SIGTERM, 0 = forever (EVERYSTEP_DRAIN, 30)")
     worker.add_argument(
-        "--no-catchup", action="store_true", help="skip resuming runs parked under this name (EVERYSTEP_CATCHUP=false)"
+        "--poll", type=float, help="seconds between idle claims (EVERYSTEP_POLL, 0.2)"
+    )
+    worker.add_argument("--name", help="unique, stable name (EVERYSTEP_NAME, DYNO, hostname)")
+    worker.add_argument(
+        "--drain", type=float, help="seconds to drain on SIGTERM, 0 = forever (EVERYSTEP_DRAIN, 30)"
     )
     worker.add_argument(
-        "--no-notify", action="store_true", help="poll only, no LISTEN/NOTIFY wake-up (EVERYSTEP_NOTIFY=false)"
+        "--no-catchup",
+        action="store_true",
+        help="skip resuming runs parked under this name (EVERYSTEP_CATCHUP=false)",
+    )
+    worker.add_argument(
+        "--no-notify",
+        action="store_true",
+        help="poll only, no LISTEN/NOTIFY wake-up (EVERYSTEP_NOTIFY=false)",
     )
 
     commands.add_parser("migrate", help="create or upgrade the tables; idempotent")
 
     schedule = commands.add_parser("schedule", help="schedule a run and print its id")
     schedule.add_argument("workflow", help="module.qualname, or a unique function name")
-    schedule.add_argument("args", nargs="*", metavar="JSON_ARG", help="each positional argument, as JSON")
-    schedule.add_argument("--idempotency-key", help="return the existing run scheduled with this key")
+    schedule.add_argument(
+        "args", nargs="*", metavar="JSON_ARG", help="each positional argument, as JSON"
+    )
+    schedule.add_argument(
+        "--idempotency-key", help="return the existing run scheduled with this key"
+    )
 
     runs = commands.add_parser("runs", help="recent runs, newest first")
-    runs.add_argument("--status", choices=["scheduled", "running", "completed", "failed", "stopped", "blocked"])
+    runs.add_argument(
+        "--status", choices=["scheduled", "running", "completed", "failed", "stopped", "blocked"]
+    )
     runs.add_argument("--limit", type=int, default=20, help="how many (default 20)")
     runs.add_argument("--json", action="store_true", help="one JSON array")
 
@@ -66,13 +80,19 @@ def build_parser():
     how = resolve.add_mutually_exclusive_group(required=True)
     how.add_argument("--result", help="the step succeeded with this JSON result")
     how.add_argument("--error", help="the step failed with this message")
-    how.add_argument("--discard", action="store_true", help="the step never took effect: run it again")
+    how.add_argument(
+        "--discard", action="store_true", help="the step never took effect: run it again"
+    )
 
     requeue = commands.add_parser("requeue", help="put parked running runs back to scheduled")
     requeue.add_argument("run_ids", nargs="*", metavar="RUN_ID")
-    requeue.add_argument("--claimed-by", metavar="NAME", help="every run parked under this worker name")
+    requeue.add_argument(
+        "--claimed-by", metavar="NAME", help="every run parked under this worker name"
+    )
 
-    commands.add_parser("check", help="show the configuration, connect, list workflows and migrations")
+    commands.add_parser(
+        "check", help="show the configuration, connect, list workflows and migrations"
+    )
 
     manage = commands.add_parser("manage", help="run a Django management command", add_help=False)
     manage.add_argument("manage_args", nargs=argparse.REMAINDER)

@@ -9,7 +9,6 @@ import sys
 import uuid
 
 from django.core.management import CommandError, call_command
-
 from everystep_runtime.errors import Failure, UsageError
 
 
@@ -76,7 +75,15 @@ def show(env, args):
         raise Failure(f"no run {args.run_id}")
     steps = [_step_fields(step) for step in run.steps.order_by("id")]
     if args.json:
-        _print_json({**_run_fields(run), "args": run.args, "result": run.result, "error": run.error, "steps": steps})
+        _print_json(
+            {
+                **_run_fields(run),
+                "args": run.args,
+                "result": run.result,
+                "error": run.error,
+                "steps": steps,
+            }
+        )
         return
     print(f"run {run.id}  {run.name}  {run.status}")
     print(f"  args:         {_plain_json(run.args)}")
@@ -88,7 +95,11 @@ def show(env, args):
     if run.error:
         print(f"  error:        {run.error['type']}: {run.error['message']}")
     for step in steps:
-        outcome = _plain_json(step["result"]) if step["status"] == "done" else (step["error"] or {}).get("message", "")
+        outcome = (
+            _plain_json(step["result"])
+            if step["status"] == "done"
+            else (step["error"] or {}).get("message", "")
+        )
         print(f"  step {step['step_id']:<12} {step['status']:<8} {step['name']}  {outcome}")
 
 
@@ -117,23 +128,27 @@ def requeue(env, args):
 
 def check(env, args):
     from django.db import connection
+    from everystep_config.database import masked_url
 
     from everystep import registry
-    from everystep_config.database import masked_url
 
     problems = []
     print(f"database:   {masked_url(env.effective_database_url)}")
     print(f"workflows:  {', '.join(env.workflows) or '(EVERYSTEP_WORKFLOWS not set)'}")
     for name in registry.names():
         print(f"  {name}")
-    print(f"worker:     pool {env.pool}, poll {env.poll}s, drain {env.drain}s, catchup {env.catchup}")
-    print(f"logging:    {env.log_level} as {env.log_format}; sentry {'on' if env.sentry_dsn else 'off'}")
+    print(
+        f"worker:     pool {env.pool}, poll {env.poll}s, drain {env.drain}s, catchup {env.catchup}"
+    )
+    sentry = "on" if env.sentry_dsn else "off"
+    print(f"logging:    {env.log_level} as {env.log_format}; sentry {sentry}")
     try:
         pending = _pending_migrations()
     except Exception as exc:  # noqa: BLE001 - reported as a problem
         problems.append(f"cannot connect to the database: {' '.join(str(exc).split())}")
     else:
-        print(f"connected:  {connection.vendor} {'.'.join(map(str, connection.get_database_version()))}")
+        version = ".".join(map(str, connection.get_database_version()))
+        print(f"connected:  {connection.vendor} {version}")
         if pending:
             problems.append(f"{len(pending)} migration(s) pending: run migrate")
         else:

@@ -29,11 +29,12 @@ def configure(env, command):
     import django
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
-
     from everystep_config.django import django_settings, logging_config
 
     if command in NEEDS_WORKFLOWS and not env.workflows:
-        raise UsageError("EVERYSTEP_WORKFLOWS is not set: name the modules that define your workflows")
+        raise UsageError(
+            "EVERYSTEP_WORKFLOWS is not set: name the modules that define your workflows"
+        )
     workflows = env.workflows if command in IMPORTS_WORKFLOWS else []
     sys.path[:0] = [os.path.abspath(entry) for entry in (env.path or [os.curdir])]
     if env.django_settings_module is None:

@@ -1,8 +1,11 @@
-"""Fixtures every test shares: a clean fault hook and step-call counters."""
+"""Fixtures every test shares: a clean fault hook, step-call counters, and
+(from their modules) worker processes, embedded workers and the zipapp."""
 
 import pytest
 
 from tests import workflows
+from tests.workerproc import embedded_worker, spawn_process, spawn_worker  # noqa: F401
+from tests.zipapp import pyz  # noqa: F401
 
 
 @pytest.fixture(autouse=True)
@@ -20,6 +23,3 @@ def _fresh_state():
 def calls():
     """How many times each test step function really executed."""
     return workflows.calls
-from tests.workerproc import spawn_process, spawn_worker  # noqa: F401, E402
-from tests.workerproc import embedded_worker  # noqa: F401, E402
-from tests.zipapp import pyz  # noqa: F401, E402

@@ -37,8 +37,7 @@ def run_to_end(func, *args):
 def recorded_steps(run):
     """The run's step rows as {step_id: (name, status, result)}."""
     return {
-        s.step_id: (s.name.rsplit(".", 1)[-1], s.status, s.result)
-        for s in run.steps.order_by("id")
+        s.step_id: (s.name.rsplit(".", 1)[-1], s.status, s.result) for s in run.steps.order_by("id")
     }
 
 
@@ -87,7 +86,7 @@ def database_url():
 
 def query_until_reachable(query, timeout=60.0):
     """Run `query()` (an ORM call), reconnecting through a database restart."""
-    from django.db import OperationalError, InterfaceError, connection
+    from django.db import InterfaceError, OperationalError, connection
 
     deadline = time.monotonic() + timeout
     while True:

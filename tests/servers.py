@@ -160,8 +160,19 @@ def start_postgres(base_dir: Path) -> DatabaseServer:
         url=f"postgres://everystep@127.0.0.1:{port}/everystep",
         port=port,
         base_dir=base_dir,
-        command=[bin_dir / "postgres", "-D", data, "-p", str(port), "-h", "127.0.0.1",
-                 "-k", data, "-c", "max_connections=200"],
+        command=[
+            bin_dir / "postgres",
+            "-D",
+            data,
+            "-p",
+            str(port),
+            "-h",
+            "127.0.0.1",
+            "-k",
+            data,
+            "-c",
+            "max_connections=200",
+        ],
         ready_command=[bin_dir / "pg_isready", "-q", "-t", "5", *host, "-d", "postgres"],
         # SIGINT is PostgreSQL's fast shutdown; SIGTERM would wait for every
         # client (a worker still connected) to disconnect on its own.
@@ -188,8 +199,18 @@ def start_mariadb(base_dir: Path) -> DatabaseServer:
     data = base_dir / "data"
     # mariadbd refuses to run as root unless told to.
     as_root = ["--user=root"] if os.geteuid() == 0 else []
-    _run([install_db, "--no-defaults", f"--datadir={data}", "--skip-test-db",
-          "--auth-root-authentication-method=normal", "--skip-name-resolve", *as_root], base_dir)
+    _run(
+        [
+            install_db,
+            "--no-defaults",
+            f"--datadir={data}",
+            "--skip-test-db",
+            "--auth-root-authentication-method=normal",
+            "--skip-name-resolve",
+            *as_root,
+        ],
+        base_dir,
+    )
 
     # Run by the server before it accepts connections, at every start (it is
     # idempotent): no client has to log in over the socket first.
@@ -205,15 +226,37 @@ def start_mariadb(base_dir: Path) -> DatabaseServer:
         url=f"mysql://root@127.0.0.1:{port}/everystep",
         port=port,
         base_dir=base_dir,
-        command=[mariadbd, "--no-defaults", f"--datadir={data}", f"--port={port}",
-                 "--bind-address=127.0.0.1", f"--socket={base_dir / 'mysqld.sock'}",
-                 f"--pid-file={base_dir / 'mysqld.pid'}", *as_root, "--skip-name-resolve",
-                 "--max-connections=300", "--innodb-buffer-pool-size=128M",
-                 "--character-set-server=utf8mb4", "--collation-server=utf8mb4_unicode_ci",
-                 "--innodb-buffer-pool-load-at-startup=OFF",
-                 "--innodb-buffer-pool-dump-at-shutdown=OFF", f"--init-file={init_file}"],
-        ready_command=[admin, "--no-defaults", "--protocol=tcp", "-h", "127.0.0.1",
-                       "-P", str(port), "-u", "root", "--connect-timeout=5", "ping"],
+        command=[
+            mariadbd,
+            "--no-defaults",
+            f"--datadir={data}",
+            f"--port={port}",
+            "--bind-address=127.0.0.1",
+            f"--socket={base_dir / 'mysqld.sock'}",
+            f"--pid-file={base_dir / 'mysqld.pid'}",
+            *as_root,
+            "--skip-name-resolve",
+            "--max-connections=300",
+            "--innodb-buffer-pool-size=128M",
+            "--character-set-server=utf8mb4",
+            "--collation-server=utf8mb4_unicode_ci",
+            "--innodb-buffer-pool-load-at-startup=OFF",
+            "--innodb-buffer-pool-dump-at-shutdown=OFF",
+            f"--init-file={init_file}",
+        ],
+        ready_command=[
+            admin,
+            "--no-defaults",
+            "--protocol=tcp",
+            "-h",
+            "127.0.0.1",
+            "-P",
+            str(port),
+            "-u",
+            "root",
+            "--connect-timeout=5",
+            "ping",
+        ],
     )
     server.start()
     return server
@@ -320,9 +363,20 @@ def _postgres_os_user() -> tuple[int, int]:
             pass
     useradd = shutil.which("useradd", path="/usr/sbin:/sbin:/usr/bin") or "useradd"
     # Another test process may create it at the same moment: only the result counts.
-    subprocess.run([useradd, "--system", "--user-group", "--no-create-home",
-                    "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", PG_OS_USER],
-                   capture_output=True)
+    subprocess.run(
+        [
+            useradd,
+            "--system",
+            "--user-group",
+            "--no-create-home",
+            "--home-dir",
+            "/nonexistent",
+            "--shell",
+            "/usr/sbin/nologin",
+            PG_OS_USER,
+        ],
+        capture_output=True,
+    )
     try:
         entry = pwd.getpwnam(PG_OS_USER)
     except KeyError:
@@ -343,8 +397,13 @@ def _run(command: list, cwd: Path, run_as: dict | None = None) -> None:
     log_path = Path(cwd) / "server.log"
     with open(log_path, "ab") as log:
         status = subprocess.call(
-            [str(c) for c in command], stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, cwd=cwd, env=_clean_env(), **(run_as or {}),
+            [str(c) for c in command],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=_clean_env(),
+            **(run_as or {}),
         )
     if status != 0:
         name = Path(str(command[0])).name
@@ -354,10 +413,17 @@ def _run(command: list, cwd: Path, run_as: dict | None = None) -> None:
 def _succeeds(command: list) -> bool:
     """True if command exits 0 within 10 s."""
     try:
-        return subprocess.call(
-            [str(c) for c in command], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, env=_clean_env(), timeout=10,
-        ) == 0
+        return (
+            subprocess.call(
+                [str(c) for c in command],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=_clean_env(),
+                timeout=10,
+            )
+            == 0
+        )
     except subprocess.TimeoutExpired:
         return False
 

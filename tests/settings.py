@@ -10,6 +10,7 @@ import os
 import tempfile
 
 from everystep_config.database import database_settings
+
 from tests import servers
 
 BACKEND = os.environ.get("EVERYSTEP_TEST_DB", "sqlite")

@@ -26,6 +26,8 @@ def test_the_claim_seeks_through_the_scheduled_index_past_many_finished_runs():
     )
     Workflow.objects.bulk_create([Workflow(name="w") for _ in range(5)])
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE" if connection.vendor != "mysql" else "ANALYZE TABLE everystep_workflow")
+        cursor.execute(
+            "ANALYZE" if connection.vendor != "mysql" else "ANALYZE TABLE everystep_workflow"
+        )
     assert "everystep_workflow_scheduled" in plan(CLAIM_READ)
     assert len(store.claim("indexed", 8)) == 5

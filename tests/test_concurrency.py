@@ -29,7 +29,11 @@ def test_many_runs_executing_concurrently_never_mix_contexts_or_step_ids():
 
     for run in Workflow.objects.filter(id__in=runs).prefetch_related("steps"):
         tag = runs[run.id]
-        assert run.result == [[str(run.id), "", tag], [str(run.id), "2.0.", tag], [str(run.id), "2.1.", tag]]
+        assert run.result == [
+            [str(run.id), "", tag],
+            [str(run.id), "2.0.", tag],
+            [str(run.id), "2.1.", tag],
+        ]
         assert {s.step_id: s.result for s in run.steps.all()} == {
             "1": [str(run.id), "", tag],
             "2.0.1": [str(run.id), "2.0.", tag],

@@ -56,7 +56,9 @@ def test_an_unsafe_step_that_lost_its_outcome_blocks_the_run_with_effect_uncerta
 def test_resolving_with_a_result_records_it_and_the_run_completes_without_a_second_charge(calls):
     run = blocked_payment(calls)
     out = io.StringIO()
-    call_command("everystep_resolve_step", str(run.id), "1", "--result", '{"charged": 30}', stdout=out)
+    call_command(
+        "everystep_resolve_step", str(run.id), "1", "--result", '{"charged": 30}', stdout=out
+    )
     assert "scheduled again" in out.getvalue()
     run.refresh_from_db()
     assert (run.status, run.claimed_by, run.error) == (Workflow.Status.SCHEDULED, None, None)
@@ -69,7 +71,9 @@ def test_resolving_with_a_result_records_it_and_the_run_completes_without_a_seco
 
 def test_resolving_with_an_error_records_a_failure_and_the_run_fails(calls):
     run = blocked_payment(calls)
-    call_command("everystep_resolve_step", str(run.id), "1", "--error", "card declined", stdout=io.StringIO())
+    call_command(
+        "everystep_resolve_step", str(run.id), "1", "--error", "card declined", stdout=io.StringIO()
+    )
     assert run.steps.get(step_id="1").status == Step.Status.FAILED
 
     assert attempt() == Workflow.Status.FAILED

@@ -23,7 +23,9 @@ UNPRIVILEGED = 65534  # nobody
 
 def test_the_dockerfile_passes_hadolint():
     hadolint = pathlib.Path(sys.executable).parent / "hadolint"
-    result = subprocess.run([str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True)
+    result = subprocess.run(
+        [str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -59,8 +61,12 @@ def image_root(pyz):
     (root / "app" / "data").mkdir()
     env = image_environment(root, image)
     # The build step: `RUN python3 /opt/everystep/everystep.pyz --version`, as root.
-    subprocess.run(["python3", str(opt / "everystep.pyz"), "--version"],
-                   env=env, check=True, capture_output=True)
+    subprocess.run(
+        ["python3", str(opt / "everystep.pyz"), "--version"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     for path in [root, *root.rglob("*")]:
         if path != root / "app" / "data":
             path.chmod(path.stat().st_mode & ~0o222)
@@ -73,8 +79,11 @@ def image_root(pyz):
 
 def image_environment(root, image):
     """The image's ENV with its absolute paths moved under `root`."""
+
     def relocate(value):
-        return value.replace("/opt/everystep", f"{root}/opt/everystep").replace("/app", f"{root}/app")
+        return value.replace("/opt/everystep", f"{root}/opt/everystep").replace(
+            "/app", f"{root}/app"
+        )
 
     env = clean_environment(**{key: relocate(value) for key, value in image["ENV"].items()})
     env["EVERYSTEP_WORKFLOWS"] = "shop"
@@ -83,7 +92,9 @@ def image_environment(root, image):
 
 def as_image_user(root, image, args):
     """The image's ENTRYPOINT + `args`, relocated under `root`."""
-    entrypoint = [part.replace("/opt/everystep", f"{root}/opt/everystep") for part in image["ENTRYPOINT"]]
+    entrypoint = [
+        part.replace("/opt/everystep", f"{root}/opt/everystep") for part in image["ENTRYPOINT"]
+    ]
     return [*entrypoint, *args]
 
 
@@ -96,12 +107,18 @@ def test_the_image_runs_as_a_non_root_user_on_a_read_only_tree_and_drains_on_sig
     workdir = root / "app"
     user = {"user": UNPRIVILEGED, "group": UNPRIVILEGED, "extra_groups": []}
 
-    worker = spawn_process("image", as_image_user(root, image, image["CMD"]), env=env, cwd=workdir, **user)
+    worker = spawn_process(
+        "image", as_image_user(root, image, image["CMD"]), env=env, cwd=workdir, **user
+    )
     worker.wait_ready()
     order = '{"id": 1, "item": "lamp", "quantity": 1, "card": "tok"}'
     scheduled = subprocess.run(
         as_image_user(root, image, ["schedule", "fulfil_order", order]),
-        env=env, cwd=workdir, capture_output=True, text=True, **user,
+        env=env,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        **user,
     )
     assert scheduled.returncode == 0, scheduled.stderr
     worker.wait_for_log(f"run {scheduled.stdout.strip()} shop.fulfil_order completed")
@@ -112,7 +129,9 @@ def test_the_image_runs_as_a_non_root_user_on_a_read_only_tree_and_drains_on_sig
 
 
 def procfile():
-    return dict(line.split(": ", 1) for line in (REPO / "Procfile").read_text().splitlines() if line.strip())
+    return dict(
+        line.split(": ", 1) for line in (REPO / "Procfile").read_text().splitlines() if line.strip()
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -128,10 +147,14 @@ def test_the_procfile_migrates_on_release_and_runs_a_stable_named_worker_within_
         EVERYSTEP_PATH=str(REPO),
         PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}",
     )
-    release = subprocess.run(["bash", "-c", processes["release"]], env=env, cwd=tmp_path, capture_output=True, text=True)
+    release = subprocess.run(
+        ["bash", "-c", processes["release"]], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
     assert release.returncode == 0, release.stderr
 
-    worker = spawn_process("dyno", ["bash", "-c", f"exec {processes['worker']}"], env=env, cwd=tmp_path)
+    worker = spawn_process(
+        "dyno", ["bash", "-c", f"exec {processes['worker']}"], env=env, cwd=tmp_path
+    )
     worker.wait_ready()
     ready = next(line for line in worker.log().splitlines() if "ready" in line)
     assert "worker worker.1 ready" in ready
@@ -144,18 +167,24 @@ def test_the_procfile_migrates_on_release_and_runs_a_stable_named_worker_within_
 
 
 def children(pid):
-    return [int(child) for child in pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return [
+        int(child) for child in pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    ]
 
 
 def test_make_run_completes_the_example_runs_and_drains_on_sigint(pyz, tmp_path, spawn_process):
     copy = tmp_path / "everystep"
-    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True)
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    )
     for name in [*tracked.stdout.split(), "dist/everystep.pyz"]:
         if (REPO / name).is_file():
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, copy / name)
     make = spawn_process("make-run", ["make", "run"], env=clean_environment(), cwd=copy)
-    wait_until(lambda: make.log().count("completed in") >= 3, timeout=60, message="three orders completed")
+    wait_until(
+        lambda: make.log().count("completed in") >= 3, timeout=60, message="three orders completed"
+    )
     assert "stopped" in make.log()  # the desk is out of stock: a Terminal stop
     [worker] = children(make.pid)
     os.kill(worker, signal.SIGINT)  # what Ctrl-C delivers to the worker

@@ -7,10 +7,8 @@ import signal
 import uuid
 
 import pytest
-from django.db import connection
 
 from everystep.models import Step, Workflow
-from tests import workflows
 from tests.helpers import wait_until
 from tests.test_worker_shutdown import opened, started
 from tests.zipapp import one_line_error, run_pyz, workflow_environment
@@ -34,7 +32,9 @@ def pyz_worker(pyz, spawn_process, tmp_path):
 
     def spawn(name, *args, env=None, **variables):
         command = [str(pyz), "worker", "--name", name, *args]
-        return spawn_process(name, command, env=env or workflow_environment(**variables), cwd=tmp_path)
+        return spawn_process(
+            name, command, env=env or workflow_environment(**variables), cwd=tmp_path
+        )
 
     return spawn
 
@@ -69,8 +69,10 @@ def test_runs_and_show_print_json_with_the_recorded_steps(everystep, pyz_worker)
 
     shown = json.loads(everystep("show", run_id, "--json").stdout)
     assert shown["result"] == 5 and shown["args"] == [1, 2]
-    assert [(s["step_id"], s["name"], s["status"], s["args"], s["kwargs"], s["result"], s["error"])
-            for s in shown["steps"]] == [
+    assert [
+        (s["step_id"], s["name"], s["status"], s["args"], s["kwargs"], s["result"], s["error"])
+        for s in shown["steps"]
+    ] == [
         ("1", "tests.workflows.add", "done", [1, 2], {}, 3, None),
         ("2", "tests.workflows.add", "done", [3, 2], {}, 5, None),
     ]
@@ -79,7 +81,9 @@ def test_runs_and_show_print_json_with_the_recorded_steps(everystep, pyz_worker)
     assert run_id in everystep("runs").stdout
 
 
-def test_requeue_claimed_by_recovers_the_runs_of_a_sigkilled_worker(everystep, pyz_worker, tmp_path):
+def test_requeue_claimed_by_recovers_the_runs_of_a_sigkilled_worker(
+    everystep, pyz_worker, tmp_path
+):
     gates = tmp_path / "gates"
     gates.mkdir()
     run_id = everystep("schedule", "gated", json.dumps(str(gates))).stdout.strip()
@@ -106,17 +110,28 @@ def test_requeue_claimed_by_recovers_the_runs_of_a_sigkilled_worker(everystep, p
 
 
 def test_requeue_by_run_id_and_its_usage_errors(everystep):
-    run = Workflow.objects.create(name="tests.workflows.quick", args=[1], status="running", claimed_by="gone")
+    run = Workflow.objects.create(
+        name="tests.workflows.quick", args=[1], status="running", claimed_by="gone"
+    )
     assert everystep("requeue", str(run.id)).stdout.split() == [str(run.id)]
     assert Workflow.objects.get(id=run.id).status == "scheduled"
-    for args in (["requeue"], ["requeue", "not-a-uuid"], ["requeue", str(run.id), "--claimed-by", "x"]):
+    for args in (
+        ["requeue"],
+        ["requeue", "not-a-uuid"],
+        ["requeue", str(run.id), "--claimed-by", "x"],
+    ):
         result = everystep(*args)
         assert result.returncode == 2
         one_line_error(result)
 
 
 def test_resolve_step_resolves_a_blocked_run(everystep):
-    run = Workflow.objects.create(name="tests.workflows.pay", args=[3], status="blocked", error={"type": "x", "message": "m", "args": []})
+    run = Workflow.objects.create(
+        name="tests.workflows.pay",
+        args=[3],
+        status="blocked",
+        error={"type": "x", "message": "m", "args": []},
+    )
     Step.objects.create(workflow=run, step_id="1", name="tests.workflows.charge", status="started")
 
     refused = everystep("resolve-step", str(run.id), "2", "--discard")

@@ -47,24 +47,36 @@ def test_worker_settings_come_from_the_environment(pyz_worker):
 
 def test_flags_override_the_environment(pyz_worker):
     env = workflow_environment(EVERYSTEP_POOL="3", EVERYSTEP_NAME="from-env", EVERYSTEP_DRAIN="7")
-    worker = pyz_worker("--pool", "5", "--name", "from-flag", "--drain", "2", "--poll", "0.1", env=env)
+    worker = pyz_worker(
+        "--pool", "5", "--name", "from-flag", "--drain", "2", "--poll", "0.1", env=env
+    )
     assert "worker from-flag ready: pool 5, poll 0.1s, drain 2.0s" in ready_line(worker)
     stop(worker)
 
 
 @pytest.mark.parametrize(
     "variables, expected",
-    [({"DYNO": "worker.3"}, "worker.3"), ({"DYNO": "worker.3", "EVERYSTEP_NAME": "named"}, "named"), ({}, socket.gethostname())],
+    [
+        ({"DYNO": "worker.3"}, "worker.3"),
+        ({"DYNO": "worker.3", "EVERYSTEP_NAME": "named"}, "named"),
+        ({}, socket.gethostname()),
+    ],
 )
-def test_the_default_name_is_everystep_name_then_dyno_then_the_hostname(pyz_worker, variables, expected):
+def test_the_default_name_is_everystep_name_then_dyno_then_the_hostname(
+    pyz_worker, variables, expected
+):
     worker = pyz_worker(env=workflow_environment(**variables))
     assert f"worker {expected} ready" in ready_line(worker)
     stop(worker)
 
 
 def test_catchup_can_be_switched_off(pyz_worker):
-    parked = Workflow.objects.create(name="tests.workflows.quick", args=[1], status="running", claimed_by="parker")
-    worker = pyz_worker(env=workflow_environment(EVERYSTEP_NAME="parker", EVERYSTEP_CATCHUP="false"))
+    parked = Workflow.objects.create(
+        name="tests.workflows.quick", args=[1], status="running", claimed_by="parker"
+    )
+    worker = pyz_worker(
+        env=workflow_environment(EVERYSTEP_NAME="parker", EVERYSTEP_CATCHUP="false")
+    )
     worker.wait_ready()
     fresh = Workflow.objects.create(name="tests.workflows.quick", args=[2])
     wait_until(lambda: Workflow.objects.get(id=fresh.id).status == "completed")
@@ -126,7 +138,9 @@ def test_everystep_path_finds_the_workflow_modules(pyz, tmp_path):
         ({"SENTRY_DSN": "not a dsn"}, "worker", "SENTRY_DSN"),
     ],
 )
-def test_bad_configuration_exits_2_with_one_line_naming_it(pyz, tmp_path, variables, command, fragment):
+def test_bad_configuration_exits_2_with_one_line_naming_it(
+    pyz, tmp_path, variables, command, fragment
+):
     args = [command, "quick"] if command == "schedule" else [command]
     result = run_pyz(pyz, *args, env=workflow_environment(**variables), cwd=tmp_path)
     assert result.returncode == 2, result.stderr
@@ -134,20 +148,29 @@ def test_bad_configuration_exits_2_with_one_line_naming_it(pyz, tmp_path, variab
 
 
 def test_bad_flags_exit_2_with_one_line(pyz, tmp_path):
-    for args in (["worker", "--pool", "many"], ["worker", "--pool", "0"], ["worker", "--drain", "-1"]):
+    for args in (
+        ["worker", "--pool", "many"],
+        ["worker", "--pool", "0"],
+        ["worker", "--drain", "-1"],
+    ):
         result = run_pyz(pyz, *args, env=workflow_environment(), cwd=tmp_path)
         assert result.returncode == 2, (args, result.stderr)
         one_line_error(result)
 
 
-def test_passwords_and_sentry_dsns_never_reach_check_output_or_worker_logs(pyz, pyz_worker, tmp_path):
+def test_passwords_and_sentry_dsns_never_reach_check_output_or_worker_logs(
+    pyz, pyz_worker, tmp_path
+):
     password, sentry_key = "pa55-" + uuid.uuid4().hex, "k3y" + uuid.uuid4().hex
     dsn = f"http://{sentry_key}@127.0.0.1:9/42"
     bad_url = f"postgres://someone:{password}@127.0.0.1:9/nowhere"
     check = run_pyz(pyz, "check", env=workflow_environment(bad_url, SENTRY_DSN=dsn), cwd=tmp_path)
     assert check.returncode != 0
     assert "someone:***@127.0.0.1" in check.stdout
-    assert password not in check.stdout + check.stderr and sentry_key not in check.stdout + check.stderr
+    assert (
+        password not in check.stdout + check.stderr
+        and sentry_key not in check.stdout + check.stderr
+    )
 
     url = url_with_password(password)
     worker = pyz_worker(env=workflow_environment(url, SENTRY_DSN=dsn, EVERYSTEP_LOG_LEVEL="DEBUG"))
@@ -192,7 +215,9 @@ def url_with_password(password):
     if connection.vendor == "mysql":
         user = "secretive"
         with connection.cursor() as cursor:
-            cursor.execute(f"CREATE USER IF NOT EXISTS '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'")
+            cursor.execute(
+                f"CREATE USER IF NOT EXISTS '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'"
+            )
             cursor.execute(f"ALTER USER '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'")
             cursor.execute(f"GRANT ALL ON *.* TO '{user}'@'127.0.0.1'")
     scheme, rest = url.split("://", 1)
@@ -222,9 +247,13 @@ def empty_database_url(tmp_path):
 def test_the_zipapp_refuses_another_python_in_one_line(pyz, tmp_path):
     import glob
 
-    others = [p for p in glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[23]*/bin/python3.1[23]"))]
+    others = [
+        p for p in glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[23]*/bin/python3.1[23]"))
+    ]
     assert others, "a Python other than the build's is needed for this test (3.12 or 3.13)"
-    result = subprocess.run([others[0], str(pyz), "check"], capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run(
+        [others[0], str(pyz), "check"], capture_output=True, text=True, cwd=tmp_path
+    )
     assert result.returncode == 2
     line = one_line_error(result)
     assert "was built for Python 3.11" in line and "make pyz PYTHON=" in line
@@ -244,7 +273,9 @@ def test_installed_apps_extend_the_bundled_settings(pyz, tmp_path):
 
 
 def test_django_settings_module_replaces_the_bundled_settings(pyz, tmp_path):
-    env = workflow_environment(DJANGO_SETTINGS_MODULE="tests.settings", EVERYSTEP_WORKFLOWS="tests.workflows")
+    env = workflow_environment(
+        DJANGO_SETTINGS_MODULE="tests.settings", EVERYSTEP_WORKFLOWS="tests.workflows"
+    )
     env["EVERYSTEP_TEST_DB"] = os.environ.get("EVERYSTEP_TEST_DB", "sqlite")
     env["PYTHONPATH"] = env["EVERYSTEP_PATH"]
     result = run_pyz(pyz, "check", env=env, cwd=tmp_path)

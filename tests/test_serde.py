@@ -34,7 +34,11 @@ def test_other_types_are_refused_naming_the_type(value):
 
 def test_exceptions_round_trip_through_their_encoding():
     payload = serde.encode_exception(Terminal("halt", {"n": 1}))
-    assert payload == {"type": "everystep.errors.Terminal", "message": "halt", "args": ["halt", {"n": 1}]}
+    assert payload == {
+        "type": "everystep.errors.Terminal",
+        "message": "halt",
+        "args": ["halt", {"n": 1}],
+    }
     rebuilt = serde.decode_exception(payload)
     assert (type(rebuilt), rebuilt.reason, rebuilt.payload) == (Terminal, "halt", {"n": 1})
 
@@ -80,7 +84,12 @@ def test_outcomes_hold_decoded_values_on_replay():
     attempt()
     runner.fault = None
     attempt(parked=True)
-    assert seen["1"] == {"name": "tests.workflows.echo", "status": "done", "result": VALUES[8], "error": None}
+    assert seen["1"] == {
+        "name": "tests.workflows.echo",
+        "status": "done",
+        "result": VALUES[8],
+        "error": None,
+    }
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,8 +1,8 @@
 """Claims: concurrent workers take disjoint runs; connections stay bounded."""
 
 import re
-import uuid
 import signal
+import uuid
 
 import pytest
 from django.db import connection

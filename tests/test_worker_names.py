@@ -71,13 +71,18 @@ def test_an_embedded_worker_stops_with_stop_and_leaves_nothing_claimed(embedded_
     worker.thread.join(30)
     assert not worker.thread.is_alive() and not worker.abandoned
     assert not Workflow.objects.filter(status="running").exists()
-    assert sorted(Workflow.objects.filter(id__in=[r.id for r in runs]).values_list("status", flat=True)) == [
-        "scheduled"
-    ] * 3
+    assert (
+        sorted(
+            Workflow.objects.filter(id__in=[r.id for r in runs]).values_list("status", flat=True)
+        )
+        == ["scheduled"] * 3
+    )
 
 
 @pytest.mark.backends("postgres")
-def test_on_postgresql_an_idle_worker_is_woken_by_a_schedule_long_before_its_next_poll(spawn_worker):
+def test_on_postgresql_an_idle_worker_is_woken_by_a_schedule_long_before_its_next_poll(
+    spawn_worker,
+):
     worker = spawn_worker("listener", "--poll", "120").wait_ready()
     assert "woken by LISTEN/NOTIFY" in worker.log()
     run = schedule(workflows.quick, 1)

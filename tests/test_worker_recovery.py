@@ -20,7 +20,9 @@ def status_of(run):
 
 
 def completes(run):
-    wait_until(lambda: status_of(run)[0] == Workflow.Status.COMPLETED, message=f"run {run.id} completed")
+    wait_until(
+        lambda: status_of(run)[0] == Workflow.Status.COMPLETED, message=f"run {run.id} completed"
+    )
 
 
 def test_sigkill_mid_step_parks_the_run_until_a_worker_with_the_same_name_returns(
@@ -68,8 +70,13 @@ def test_catchup_takes_back_more_parked_runs_than_the_pool_holds(embedded_worker
     runner.fault = crash_at("1")
     runs = [schedule(workflows.quick, n) for n in range(5)]
     crashed = embedded_worker(name="node-c", pool_size=5)
-    wait_until(lambda: Workflow.objects.filter(status="running", claimed_by="node-c").count() == 5
-               and workflows.calls["add"] == 0 and workflows.calls["echo"] == 5)
+    wait_until(
+        lambda: (
+            Workflow.objects.filter(status="running", claimed_by="node-c").count() == 5
+            and workflows.calls["add"] == 0
+            and workflows.calls["echo"] == 5
+        )
+    )
     stop_embedded(crashed)
     assert Workflow.objects.filter(status="running", claimed_by="node-c").count() == 5
 

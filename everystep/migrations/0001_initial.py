@@ -2,59 +2,108 @@
 
 import django.db.models.deletion
 import django.utils.timezone
-import everystep.models
 import uuid6
 from django.db import migrations, models
 
+import everystep.models
+
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Workflow',
+            name="Workflow",
             fields=[
-                ('id', models.UUIDField(default=uuid6.uuid7, editable=False, primary_key=True, serialize=False)),
-                ('name', models.CharField(max_length=300)),
-                ('args', everystep.models.EncodedJSONField(default=list)),
-                ('idempotency_key', models.CharField(blank=True, max_length=255, null=True)),
-                ('status', models.CharField(choices=[('scheduled', 'Scheduled'), ('running', 'Running'), ('completed', 'Completed'), ('failed', 'Failed'), ('stopped', 'Stopped'), ('blocked', 'Blocked')], default='scheduled', max_length=16)),
-                ('claimed_by', models.CharField(blank=True, max_length=255, null=True)),
-                ('claim_token', models.UUIDField(blank=True, editable=False, null=True)),
-                ('result', everystep.models.EncodedJSONField(blank=True, null=True)),
-                ('error', models.JSONField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('claimed_at', models.DateTimeField(blank=True, null=True)),
-                ('completed_at', models.DateTimeField(blank=True, null=True)),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=uuid6.uuid7, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("name", models.CharField(max_length=300)),
+                ("args", everystep.models.EncodedJSONField(default=list)),
+                ("idempotency_key", models.CharField(blank=True, max_length=255, null=True)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("scheduled", "Scheduled"),
+                            ("running", "Running"),
+                            ("completed", "Completed"),
+                            ("failed", "Failed"),
+                            ("stopped", "Stopped"),
+                            ("blocked", "Blocked"),
+                        ],
+                        default="scheduled",
+                        max_length=16,
+                    ),
+                ),
+                ("claimed_by", models.CharField(blank=True, max_length=255, null=True)),
+                ("claim_token", models.UUIDField(blank=True, editable=False, null=True)),
+                ("result", everystep.models.EncodedJSONField(blank=True, null=True)),
+                ("error", models.JSONField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("claimed_at", models.DateTimeField(blank=True, null=True)),
+                ("completed_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'db_table': 'everystep_workflow',
-                'indexes': [models.Index(fields=['claimed_by', 'status'], name='everystep_workflow_claimed_by')],
-                'constraints': [models.UniqueConstraint(fields=('name', 'idempotency_key'), name='everystep_workflow_idempotency')],
+                "db_table": "everystep_workflow",
+                "indexes": [
+                    models.Index(
+                        fields=["claimed_by", "status"], name="everystep_workflow_claimed_by"
+                    )
+                ],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("name", "idempotency_key"), name="everystep_workflow_idempotency"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Step',
+            name="Step",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('step_id', models.CharField(max_length=300)),
-                ('name', models.CharField(max_length=300)),
-                ('args', everystep.models.EncodedJSONField(default=list)),
-                ('kwargs', everystep.models.EncodedJSONField(default=dict)),
-                ('status', models.CharField(choices=[('done', 'Done'), ('failed', 'Failed'), ('started', 'Started')], max_length=16)),
-                ('result', everystep.models.EncodedJSONField(blank=True, null=True)),
-                ('error', models.JSONField(blank=True, null=True)),
-                ('started_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('workflow', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='steps', to='everystep.workflow')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("step_id", models.CharField(max_length=300)),
+                ("name", models.CharField(max_length=300)),
+                ("args", everystep.models.EncodedJSONField(default=list)),
+                ("kwargs", everystep.models.EncodedJSONField(default=dict)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("done", "Done"), ("failed", "Failed"), ("started", "Started")],
+                        max_length=16,
+                    ),
+                ),
+                ("result", everystep.models.EncodedJSONField(blank=True, null=True)),
+                ("error", models.JSONField(blank=True, null=True)),
+                ("started_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "workflow",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="steps",
+                        to="everystep.workflow",
+                    ),
+                ),
             ],
             options={
-                'db_table': 'everystep_step',
-                'constraints': [models.UniqueConstraint(fields=('workflow', 'step_id'), name='everystep_step_identity')],
+                "db_table": "everystep_step",
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("workflow", "step_id"), name="everystep_step_identity"
+                    )
+                ],
             },
         ),
     ]

@@ -15,7 +15,9 @@ class Command(BaseCommand):
     requires_system_checks = []
 
     def add_arguments(self, parser):
-        parser.add_argument("--pool", type=int, default=4, help="runs in flight at most (default 4)")
+        parser.add_argument(
+            "--pool", type=int, default=4, help="runs in flight at most (default 4)"
+        )
         parser.add_argument(
             "--poll", type=float, default=0.2, help="seconds between claims when idle (default 0.2)"
         )
