@@ -51,6 +51,7 @@ class RunState:
     workflow_id: uuid.UUID
     workflow_name: str
     claim_token: uuid.UUID | None
+    worker: str | None = None
     outcomes: dict = dataclasses.field(default_factory=dict)
     draining: threading.Event = dataclasses.field(default_factory=threading.Event)
 

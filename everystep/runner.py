@@ -53,7 +53,11 @@ def execute(claimed, draining=None):
     engine's own (not of the workflow's code) propagates to the caller.
     """
     run = context.RunState(
-        claimed.id, claimed.name, claimed.claim_token, draining=draining or threading.Event()
+        claimed.id,
+        claimed.name,
+        claimed.claim_token,
+        worker=claimed.claimed_by,
+        draining=draining or threading.Event(),
     )
     started = time.monotonic()
     try:
@@ -171,7 +175,7 @@ def _finish(run, status, started, *, result=None, error=None):
         status,
         (time.monotonic() - started) * 1000,
         f": {error['type']}: {error['message']}" if error else "",
-        extra={"action": f"run_{status}", "run_id": str(run.workflow_id)},
+        extra={"action": f"run_{status}", "run_id": str(run.workflow_id), "worker": run.worker},
     )
     return status
 
@@ -183,9 +187,10 @@ def _requeue(run):
     if not requeued:
         return _lost(run)
     logger.info(
-        "run %s requeued at a step boundary (worker draining)",
+        "run %s requeued at a step boundary: worker %s is draining",
         run.workflow_id,
-        extra={"action": "run_requeued", "run_id": str(run.workflow_id)},
+        run.worker,
+        extra={"action": "run_requeued", "run_id": str(run.workflow_id), "worker": run.worker},
     )
     return Status.SCHEDULED
 

@@ -31,6 +31,7 @@ class ClaimedRun:
     name: str
     args: list
     claim_token: uuid.UUID
+    claimed_by: str
 
     @property
     def workflow_id(self):
@@ -81,7 +82,7 @@ def claim(worker_name, limit, *, only_parked=False, exclude=()):
             Workflow.objects.filter(id__in=[row[0] for row in rows]).update(
                 status=RUNNING, claimed_by=worker_name, claim_token=token, claimed_at=now
             )
-    return [ClaimedRun(id, name, args, token) for id, name, args in rows]
+    return [ClaimedRun(id, name, args, token, worker_name) for id, name, args in rows]
 
 
 def _claim_in_one_statement(worker_name, limit, token, now):
@@ -96,7 +97,9 @@ def _claim_in_one_statement(worker_name, limit, token, now):
     with connection.cursor() as cursor:
         cursor.execute(sql, [RUNNING, worker_name, token, now, SCHEDULED, limit])
         rows = cursor.fetchall()
-    runs = [ClaimedRun(id, name, _decode_json(args), token) for id, name, args in rows]
+    runs = [
+        ClaimedRun(id, name, _decode_json(args), token, worker_name) for id, name, args in rows
+    ]
     return sorted(runs, key=lambda run: run.id)
 
 
