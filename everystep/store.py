@@ -10,10 +10,11 @@ concurrent requeue or claim is ordered before or after them, never between.
 """
 
 import dataclasses
+import functools
 import json
 import uuid
 
-from django.db import IntegrityError, connection, models, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from everystep import serde
@@ -97,9 +98,7 @@ def _claim_in_one_statement(worker_name, limit, token, now):
     with connection.cursor() as cursor:
         cursor.execute(sql, [RUNNING, worker_name, token, now, SCHEDULED, limit])
         rows = cursor.fetchall()
-    runs = [
-        ClaimedRun(id, name, _decode_json(args), token, worker_name) for id, name, args in rows
-    ]
+    runs = [ClaimedRun(id, name, _decode_json(args), token, worker_name) for id, name, args in rows]
     return sorted(runs, key=lambda run: run.id)
 
 
@@ -128,29 +127,22 @@ def record_step(run, step_id, name, args, kwargs, status, result, error, started
     when a row is already at this id: either this very write landed before
     its connection was lost, or another runner owns the run.
     """
-    values = {
-        "step_id": step_id,
-        "name": name,
-        "args": args,
-        "kwargs": kwargs,
-        "status": status,
-        "result": result,
-        "error": error,
-        "started_at": started_at,
-        "finished_at": None if status == Step.Status.STARTED else timezone.now(),
-    }
-    columns = ", ".join(values)
-    placeholders = ", ".join(_placeholder(Step, column) for column in values)
-    sql = (
-        f"INSERT INTO everystep_step (workflow_id, {columns}) "
-        f"SELECT w.id, {placeholders} FROM everystep_workflow w "
-        f"WHERE w.id = %s AND w.status = %s AND w.claim_token = %s {_share_lock()}"
-    )
-    params = [_prep(Step, column, value) for column, value in values.items()]
-    params += _fence_params(run)
+    finished_at = None if status == Step.Status.STARTED else timezone.now()
+    params = [
+        step_id,
+        name,
+        _json_param(args),
+        _json_param(kwargs),
+        status,
+        _json_param(result),
+        _json_param(error),
+        _datetime_param(started_at),
+        _datetime_param(finished_at),
+        *_fence_params(run),
+    ]
     try:
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(_step_statements(connection.vendor).insert, params)
             return cursor.rowcount == 1
     except IntegrityError:
         return None
@@ -159,24 +151,18 @@ def record_step(run, step_id, name, args, kwargs, status, result, error, started
 def complete_started_step(run, step_id, status, result, error):
     """Turn a step's ``started`` row into its outcome, in place, fenced.
     Returns whether it landed."""
-    sql = (
-        "UPDATE everystep_step SET status = %s, result = %s, error = %s, finished_at = %s "
-        "WHERE workflow_id = %s AND step_id = %s AND status = %s AND EXISTS ("
-        "SELECT 1 FROM everystep_workflow w "
-        f"WHERE w.id = %s AND w.status = %s AND w.claim_token = %s {_share_lock()})"
-    )
     params = [
         status,
-        _prep(Step, "result", result),
-        _prep(Step, "error", error),
-        _prep(Step, "finished_at", timezone.now()),
-        _prep(Workflow, "id", run.workflow_id),
+        _json_param(result),
+        _json_param(error),
+        _datetime_param(timezone.now()),
+        _uuid_param(run.workflow_id),
         step_id,
         Step.Status.STARTED,
         *_fence_params(run),
     ]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(_step_statements(connection.vendor).complete, params)
         return cursor.rowcount == 1
 
 
@@ -216,37 +202,65 @@ def _fenced(run):
 
 
 def _fence_params(run):
-    return [
-        _prep(Workflow, "id", run.workflow_id),
-        RUNNING,
-        _prep(Workflow, "claim_token", run.claim_token),
-    ]
+    return [_uuid_param(run.workflow_id), RUNNING, _uuid_param(run.claim_token)]
 
 
-def _share_lock():
-    """The clause that share-locks the run's row in the fence subquery."""
-    if connection.vendor == "postgresql":
-        return "FOR SHARE"
-    if connection.vendor == "mysql":
-        return "LOCK IN SHARE MODE"
-    return ""  # SQLite: one writer at a time already
+_STEP_COLUMNS = (
+    "step_id",
+    "name",
+    "args",
+    "kwargs",
+    "status",
+    "result",
+    "error",
+    "started_at",
+    "finished_at",
+)
 
 
-def _placeholder(model, column):
-    """A parameter placeholder typed for `column`. PostgreSQL cannot infer
-    the type of a bare parameter in an INSERT … SELECT list."""
-    if connection.vendor == "postgresql":
-        return f"CAST(%s AS {model._meta.get_field(column).db_type(connection)})"
-    return "%s"
+@dataclasses.dataclass(frozen=True)
+class _StepStatements:
+    insert: str
+    complete: str
 
 
-def _prep(model, column, value):
-    """`value` as the database driver wants it for `column`. JSON values
-    arrive already encoded and are only adapted."""
-    field = model._meta.get_field(column)
-    if isinstance(field, models.JSONField):
-        return None if value is None else connection.ops.adapt_json_value(value, None)
-    return field.get_db_prep_value(value, connection)
+@functools.cache
+def _step_statements(vendor):
+    """The fenced step statements for a backend, built once. The fence
+    subquery share-locks the run's row (SQLite has one writer at a time
+    already); PostgreSQL needs the parameters of an INSERT … SELECT typed."""
+    lock = {"postgresql": "FOR SHARE", "mysql": "LOCK IN SHARE MODE"}.get(vendor, "")
+    fence = f"w.id = %s AND w.status = %s AND w.claim_token = %s {lock}"
+    if vendor == "postgresql":
+        types = [Step._meta.get_field(column).db_type(connection) for column in _STEP_COLUMNS]
+        placeholders = ", ".join(f"CAST(%s AS {db_type})" for db_type in types)
+    else:
+        placeholders = ", ".join("%s" for _ in _STEP_COLUMNS)
+    insert = (
+        f"INSERT INTO everystep_step (workflow_id, {', '.join(_STEP_COLUMNS)}) "
+        f"SELECT w.id, {placeholders} FROM everystep_workflow w WHERE {fence}"
+    )
+    complete = (
+        "UPDATE everystep_step SET status = %s, result = %s, error = %s, finished_at = %s "
+        "WHERE workflow_id = %s AND step_id = %s AND status = %s AND EXISTS ("
+        f"SELECT 1 FROM everystep_workflow w WHERE {fence})"
+    )
+    return _StepStatements(insert, complete)
+
+
+def _json_param(value):
+    """Encoded JSON as the driver takes it; None stays SQL NULL."""
+    return None if value is None else connection.ops.adapt_json_value(value, None)
+
+
+def _datetime_param(value):
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+def _uuid_param(value):
+    if value is None or connection.features.has_native_uuid_field:
+        return value
+    return value.hex
 
 
 def _decode_json(value):
