@@ -6,7 +6,9 @@ suite sets it for the worker subprocesses it starts, so they use its test
 database.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 
 from everystep_config.database import database_settings
@@ -18,7 +20,11 @@ BACKEND = os.environ.get("EVERYSTEP_TEST_DB", "sqlite")
 _url = os.environ.get("EVERYSTEP_DATABASE_URL")
 if _url is None:
     if BACKEND == "sqlite":
-        _url = f"sqlite:///{tempfile.gettempdir()}/everystep-tests-{os.getpid()}.sqlite3"
+        # A directory of its own: the database, its WAL and the workers' name
+        # lock files all go when the suite ends.
+        _directory = tempfile.mkdtemp(prefix="everystep-tests-")
+        atexit.register(shutil.rmtree, _directory, ignore_errors=True)
+        _url = f"sqlite:///{_directory}/everystep.sqlite3"
     else:
         _url = servers.server_url(BACKEND)
 
