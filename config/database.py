@@ -1,6 +1,7 @@
 """Django database settings from a database URL.
 
-Accepted: ``postgres://`` and ``postgresql://`` (psycopg), ``mysql://`` and
+Accepted: ``postgres://`` and ``postgresql://`` (psycopg, server-side
+parameter binding), ``mysql://`` and
 ``mariadb://`` (PyMySQL), ``sqlite:///path`` (WAL journal, a busy timeout and
 immediate transactions, so a claim holds the write lock from its first read).
 """
@@ -40,6 +41,10 @@ def database_settings(url):
             "init_command": "PRAGMA journal_mode=WAL;",
             **settings.get("OPTIONS", {}),
         }
+    elif scheme in ("postgres", "postgresql"):
+        # Server-side binding lets psycopg prepare the statements a worker
+        # repeats for every step: no parsing or planning per step.
+        settings["OPTIONS"] = {"server_side_binding": True, **settings.get("OPTIONS", {})}
     elif scheme in ("mysql", "mariadb"):
         _use_pymysql()
         settings["OPTIONS"] = {"charset": "utf8mb4", **settings.get("OPTIONS", {})}
