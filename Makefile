@@ -59,6 +59,13 @@ test: venv $(PYZ)
 	echo "=== summary ==="; printf "$$summary"; \
 	exit $$failed
 
+# A throwaway PostgreSQL and MariaDB, default durability; about 15 minutes.
+# `make bench BENCH_ARGS=--quick` for a smoke run.
+BENCH_ARGS ?=
+bench: venv $(PYZ)
+	scripts/install-test-deps
+	$(VENV)/bin/python -m bench $(BENCH_ARGS)
+
 lint: venv
 	$(VENV)/bin/ruff check everystep config runtime tests bench examples
 

@@ -1,0 +1,19 @@
+"""Django settings for the benchmark processes: the database comes from
+``EVERYSTEP_DATABASE_URL``, as for a standalone worker."""
+
+import os
+
+from everystep_config.database import database_settings
+
+DATABASES = {"default": database_settings(os.environ["EVERYSTEP_DATABASE_URL"])}
+INSTALLED_APPS = ["everystep"]
+EVERYSTEP_WORKFLOWS = ["bench.workflows"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"everystep": {"handlers": ["stderr"], "level": "INFO"}},
+}
