@@ -62,13 +62,20 @@ test: venv $(PYZ)
 # A throwaway PostgreSQL and MariaDB, default durability; about 15 minutes.
 # `make bench BENCH_ARGS=--quick` for a smoke run.
 BENCH_ARGS ?=
-bench: venv $(PYZ)
+bench: venv $(PYZ) .venv-bench-peers/.installed
 	scripts/install-test-deps
 	$(VENV)/bin/python -m bench $(BENCH_ARGS)
+
+# The peers (DBOS Transact, Procrastinate) in a virtualenv of their own.
+.venv-bench-peers/.installed: bench/requirements-peers.txt
+	rm -rf .venv-bench-peers
+	$(VENV_PYTHON) -m venv .venv-bench-peers
+	.venv-bench-peers/bin/python -m pip install --quiet -r bench/requirements-peers.txt
+	touch $@
 
 lint: venv
 	$(VENV)/bin/ruff check everystep config runtime tests bench examples
 
 clean:
-	rm -rf $(VENV) dist build *.egg-info .pytest_cache .ruff_cache .run
+	rm -rf $(VENV) .venv-bench-peers dist build *.egg-info .pytest_cache .ruff_cache .run
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

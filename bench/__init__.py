@@ -1,1 +1,2 @@
-"""The benchmark suite: `make bench` (``python -m bench``). See README."""
+"""The benchmark suite: ``make bench``, or ``python -m bench`` from the
+repository's root (see `bench.__main__` for what it measures and how)."""

@@ -1,259 +1,309 @@
 """``python -m bench``: the benchmark suite, printed as a table and written
 to ``bench/out/results.json``.
 
-It starts a throwaway PostgreSQL and MariaDB (default durability: fsync and
-synchronous commit on), gives each measurement a freshly migrated database,
-and runs the measurements of `bench.engine` and `bench.startup` in
-subprocesses. Every figure is a median of repetitions; every comparison is a
-ratio of two figures measured in this same run.
+It starts a throwaway PostgreSQL and MariaDB (`tests.servers`, the servers'
+default durability: fsync and synchronous commit on) and runs each
+measurement in a subprocess of its own against a fresh, migrated database
+(`bench.harness`, `bench.child`). What each section measures, and how, is
+in its module's docstring:
+
+    steps       bench.steps, bench.limits   physical limit, recorded step cost
+    throughput  bench.throughput            worker processes draining a queue
+    pickup      bench.pickup                schedule() to first step, idle worker
+    claims      bench.claims                claim latency with 1,000,000 finished runs
+    replay      bench.replay                resuming a run of 1,000 recorded steps
+    footprint   bench.footprint             worker start-up and memory
+    zipapp      bench.zipapp                the zipapp's start-up
+    peers       bench.peers                 DBOS Transact and Procrastinate
+
+Every figure is a median of repetitions (or a percentile of samples); every
+comparison is a ratio of two figures measured in this same run. Every wait
+has a deadline, and every process and server started is stopped by its id,
+also on failure or interruption. A section that fails is reported and the
+others still run; the exit status is then 1.
+
+    python -m bench                       the full suite (about 15 minutes on 2 cores)
+    python -m bench --quick               a smoke run: few repetitions, small counts
+    python -m bench --only steps,claims   some sections
 """
 
 import argparse
+import dataclasses
 import json
-import os
 import pathlib
-import platform
-import subprocess
+import shutil
+import signal
 import sys
 import tempfile
 import time
 from datetime import UTC, datetime
 
-from bench import report, startup
-from tests import servers
+from bench import harness, peers, report, zipapp
+from bench.common import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
+LOGS = OUT / "logs"
+SECTIONS = ("steps", "throughput", "pickup", "claims", "replay", "footprint", "zipapp", "peers")
 
 
-class Databases:
-    """Fresh, migrated databases on the suite's servers."""
+@dataclasses.dataclass
+class Sizes:
+    """How much each section does: the full suite, or a smoke run."""
 
-    def __init__(self, workdir, backends):
-        self.workdir = workdir
-        self.servers = {}
-        if "postgres" in backends:
-            self.servers["postgres"] = servers.start_postgres(workdir / "postgres")
-        if "mariadb" in backends:
-            self.servers["mariadb"] = servers.start_mariadb(workdir / "mariadb")
-        self.count = 0
+    quick: bool
 
-    def fresh(self, backend):
-        """The URL of a new database on `backend`, migrated."""
-        self.count += 1
-        name = f"bench_{self.count}"
-        if backend == "sqlite":
-            url = f"sqlite:///{self.workdir / (name + '.sqlite3')}"
-        else:
-            server_url = self.servers[backend].url
-            _create_database(backend, server_url, name)
-            url = server_url.rsplit("/", 1)[0] + "/" + name
-        subprocess.run(
-            [sys.executable, "-m", "django", "migrate", "-v", "0"], env=environment(url), check=True
+    def __getattr__(self, name):
+        full, quick = SIZES[name]
+        return quick if self.quick else full
+
+
+SIZES = {  # name: (full, quick)
+    "step_repeat": (7, 3),
+    "sequential": (50, 20),
+    "runs": (2000, 300),
+    "throughput_repeat": (3, 1),
+    "pickup_samples": (200, 30),
+    "claim_samples": (200, 50),
+    "finished_runs": (1_000_000, 50_000),
+    "replay_repeat": (5, 2),
+    "start_repeat": (5, 2),
+    "zipapp_repeat": (3, 1),
+    "peer_runs": (2000, 200),
+    "peer_samples": (200, 20),
+}
+
+
+@dataclasses.dataclass
+class Task:
+    """One measurement: `section` on `backend`, its figures under `prefix`."""
+
+    section: str
+    prefix: str
+    backend: str = "postgres"
+    options: dict = dataclasses.field(default_factory=dict)
+    timeout: float = 300
+
+
+def plan(size):
+    tasks = [
+        Task(
+            "steps",
+            f"steps.{backend}",
+            backend,
+            timeout=180,
+            options={
+                "repeat": size.step_repeat,
+                "sequential": size.sequential,
+            },
         )
-        return url
-
-    def stop(self):
-        for server in self.servers.values():
-            server.stop()
-
-
-def _create_database(backend, server_url, name):
-    if backend == "postgres":
-        import psycopg
-
-        with psycopg.connect(
-            server_url.replace("postgres://", "postgresql://"), autocommit=True
-        ) as conn:
-            conn.execute(f"CREATE DATABASE {name}")
-    else:
-        import pymysql
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(server_url)
-        conn = pymysql.connect(
-            host=parts.hostname, port=parts.port, user=parts.username, password=parts.password or ""
+        for backend in report.BACKENDS
+    ]
+    throughput = [("postgres", 1, "five_steps"), ("postgres", 1, "one_step")]
+    throughput += [("mariadb", 1, "five_steps"), ("sqlite", 1, "five_steps")]
+    if not size.quick:
+        throughput += [
+            (backend, w, "five_steps") for backend in ("postgres", "mariadb") for w in (2, 4)
+        ]
+    for backend, workers, workflow in throughput:
+        shape = f"{workers}w" + ("_one_step" if workflow == "one_step" else "")
+        tasks.append(
+            Task(
+                "throughput",
+                f"throughput.{backend}.{shape}",
+                backend,
+                timeout=420,
+                options={
+                    "workers": workers,
+                    "runs": size.runs,
+                    "workflow": workflow,
+                    "repeat": size.throughput_repeat,
+                    "log_dir": str(LOGS),
+                },
+            )
         )
-        with conn.cursor() as cursor:
-            cursor.execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
-        conn.close()
+    pickups = [("postgres", True), ("postgres", False), ("mariadb", True)]
+    for backend, notify in pickups if not size.quick else pickups[:1]:
+        mode = "default" if notify else "polling"
+        tasks.append(
+            Task(
+                "pickup",
+                f"pickup.{backend}.{mode}",
+                backend,
+                timeout=240,
+                options={
+                    "samples": size.pickup_samples,
+                    "notify": notify,
+                    "log_dir": str(LOGS),
+                },
+            )
+        )
+    tasks += [
+        Task(
+            "claims",
+            "claims.postgres",
+            options={
+                "samples": size.claim_samples,
+                "finished": size.finished_runs,
+            },
+        ),
+        Task("replay", "replay.postgres", timeout=120, options={"repeat": size.replay_repeat}),
+        Task(
+            "footprint",
+            "footprint.postgres",
+            timeout=120,
+            options={
+                "repeat": size.start_repeat,
+                "log_dir": str(LOGS),
+            },
+        ),
+        Task("zipapp", "zipapp", timeout=180, options={"repeat": size.zipapp_repeat}),
+        Task(
+            "peers",
+            "peers.procrastinate",
+            timeout=300,
+            options={
+                "args": [size.peer_runs, size.peer_samples],
+            },
+        ),
+        Task(
+            "peers",
+            "peers.dbos",
+            timeout=600,
+            options={
+                "args": [size.peer_runs, size.peer_samples, size.sequential],
+            },
+        ),
+    ]
+    order = {section: index for index, section in enumerate(SECTIONS)}
+    return sorted(tasks, key=lambda task: order[task.section])
 
 
-def environment(url):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVERYSTEP_")}
-    env.update(
-        DJANGO_SETTINGS_MODULE="bench.settings",
-        EVERYSTEP_DATABASE_URL=url,
-        PYTHONPATH=str(ROOT),
+def run_task(task, databases, workdir):
+    """The figures of one task, as a dict."""
+    if task.section == "zipapp":
+        return zipapp.measure(databases.fresh("postgres"), workdir, **task.options)
+    if task.section == "peers":
+        url = databases.fresh("postgres", migrate=False)
+        return peers.measure(
+            task.prefix.split(".")[1], url, *task.options["args"], timeout=task.timeout
+        )
+    url = databases.fresh(task.backend)
+    return harness.measure(url, task.section, task.timeout, **task.options)
+
+
+def parse_arguments():
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: few repetitions, small counts"
     )
-    return env
-
-
-def engine(databases, backend, section, *flags, log_dir):
-    """Run one `bench.engine` section on a fresh database; its figures."""
-    url = databases.fresh(backend)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.engine",
-            section,
-            "--log-dir",
-            str(log_dir),
-            *map(str, flags),
-        ],
-        env=environment(url),
-        capture_output=True,
-        text=True,
-        timeout=900,
+    parser.add_argument(
+        "--only", metavar="NAME[,NAME]", help=f"sections to run: {', '.join(SECTIONS)}"
     )
-    if result.returncode != 0:
-        raise RuntimeError(f"bench.engine {section} on {backend} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def repeated(times, measure):
-    """Run `measure()` `times` times; the median of each figure."""
-    import statistics
-
-    results = [measure() for _ in range(times)]
-    return {key: statistics.median(r[key] for r in results) for key in results[0]}
+    args = parser.parse_args()
+    args.sections = SECTIONS
+    if args.only:
+        args.sections = tuple(name.strip() for name in args.only.split(",") if name.strip())
+        unknown = set(args.sections) - set(SECTIONS) - {"limits"}
+        if unknown:
+            names = ", ".join(sorted(unknown))
+            parser.error(f"unknown section(s) {names}: choose from {', '.join(SECTIONS)}")
+        args.sections = tuple("steps" if name == "limits" else name for name in args.sections)
+    return args
 
 
 def main():
-    parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller counts")
-    parser.add_argument(
-        "--only",
-        help="comma-separated sections: steps, throughput, pickup, claims, replay, footprint, startup",
-    )
-    args = parser.parse_args()
-    sections = set(args.only.split(",")) if args.only else None
-    quick = args.quick
-
-    def wanted(name):
-        return sections is None or name in sections
-
-    began = time.monotonic()
-    figures = {}
-    with tempfile.TemporaryDirectory(prefix="everystep-bench-") as work:
-        work = pathlib.Path(work)
-        logs = work / "logs"
-        logs.mkdir()
-        databases = Databases(work, {"postgres", "mariadb"})
-        try:
-            reps = 1 if quick else 3
-            runs = 300 if quick else 2000
-            if wanted("steps"):
-                for backend in ("postgres", "mariadb", "sqlite"):
-                    figures[f"steps.{backend}"] = engine(
-                        databases, backend, "steps", "--repeat", 3 if quick else 7, log_dir=logs
-                    )
-            if wanted("throughput"):
-                # The headline figures (one PostgreSQL worker) are medians of
-                # `reps` runs; the scaling and other backends are one run each,
-                # to keep the suite within its 15 minutes.
-                configs = [
-                    ("postgres", 1, reps),
-                    ("postgres", 2, 1),
-                    ("postgres", 4, 1),
-                    ("mariadb", 1, 1),
-                    ("mariadb", 2, 1),
-                    ("mariadb", 4, 1),
-                    ("sqlite", 1, 1),
-                ]
-                for backend, workers, times in configs:
-                    figures[f"throughput.{backend}.{workers}w"] = repeated(
-                        times,
-                        lambda: engine(
-                            databases,
-                            backend,
-                            "throughput",
-                            "--workers",
-                            workers,
-                            "--runs",
-                            runs,
-                            log_dir=logs,
-                        ),
-                    )
-                figures["throughput.postgres.one_step"] = repeated(
-                    reps,
-                    lambda: engine(
-                        databases,
-                        "postgres",
-                        "throughput",
-                        "--workflow",
-                        "one_step",
-                        "--runs",
-                        runs,
-                        log_dir=logs,
-                    ),
-                )
-            if wanted("pickup"):
-                samples = 50 if quick else 200
-                figures["pickup.postgres.notify"] = engine(
-                    databases, "postgres", "pickup", "--samples", samples, log_dir=logs
-                )
-                figures["pickup.postgres.polling"] = engine(
-                    databases,
-                    "postgres",
-                    "pickup",
-                    "--samples",
-                    samples,
-                    "--no-notify",
-                    log_dir=logs,
-                )
-                figures["pickup.mariadb.polling"] = engine(
-                    databases, "mariadb", "pickup", "--samples", samples, log_dir=logs
-                )
-            if wanted("claims"):
-                figures["claims.postgres"] = engine(
-                    databases,
-                    "postgres",
-                    "claims",
-                    "--samples",
-                    50 if quick else 200,
-                    "--finished",
-                    100_000 if quick else 1_000_000,
-                    log_dir=logs,
-                )
-            if wanted("replay"):
-                figures["replay.postgres"] = engine(
-                    databases,
-                    "postgres",
-                    "replay",
-                    "--count",
-                    1000,
-                    "--repeat",
-                    3 if quick else 5,
-                    log_dir=logs,
-                )
-            if wanted("footprint"):
-                figures["footprint.postgres"] = engine(
-                    databases, "postgres", "footprint", "--runs", runs, log_dir=logs
-                )
-            if wanted("startup"):
-                figures["startup.postgres"] = startup.measure(
-                    databases.fresh("postgres"), work, repeat=reps
-                )
-        finally:
-            databases.stop()
+    args = parse_arguments()
+    # SIGTERM unwinds like Ctrl-C: the servers and subprocesses are stopped.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    size = Sizes(args.quick)
+    tasks = [task for task in plan(size) if task.section in args.sections]
     results = {
-        "figures": figures,
+        "figures": {},
+        "notes": {},
+        "failures": {},
         "settings": {
-            "quick": quick,
-            "runs": 300 if quick else 2000,
-            "durability": "server defaults (fsync on, synchronous commit on)",
+            "quick": args.quick,
+            "sections": list(args.sections),
+            "sizes": {name: getattr(size, name) for name in SIZES},
+            "durability": {},  # as read from each server by bench.limits
+            "worker": "python -m django everystep_worker --pool 8 --poll 0.2 "
+            "(pickup: --poll 0.2, default pool)",
+            "peer_queue_polling_s": 0.2,
         },
-        "versions": report.versions(),
+        "versions": {},
         "machine": report.machine(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "seconds": round(time.monotonic() - began, 1),
+        "seconds": None,
     }
+    began = time.monotonic()
+    shutil.rmtree(LOGS, ignore_errors=True)
+    LOGS.mkdir(parents=True)
+    interrupted = False
+    with tempfile.TemporaryDirectory(prefix="everystep-bench-") as work:
+        work = pathlib.Path(work)
+        databases = harness.Databases(work)
+        try:
+            for task in tasks:
+                progress(began, f"{task.prefix} ...")
+                started = time.monotonic()
+                try:
+                    figures = run_task(task, databases, work)
+                except (harness.SectionFailed, RuntimeError, TimeoutError, OSError) as exc:
+                    results["failures"][task.prefix] = str(exc)
+                    progress(began, f"{task.prefix} FAILED: {str(exc).splitlines()[0]}")
+                    continue
+                finally:
+                    release(databases, results, began)
+                record(results, task.prefix, figures)
+                progress(began, f"{task.prefix} done in {time.monotonic() - started:.0f}s")
+                save(results, began)
+            results["versions"] = report.versions(databases.servers, peers.versions())
+        except KeyboardInterrupt:
+            interrupted = True
+            results["failures"]["interrupted"] = "the run was interrupted"
+        finally:
+            databases.stop()
+    save(results, began)
+    print(report.table(results))
+    print(
+        f"\n{len(results['figures'])} figures in {results['seconds']:.0f}s, written to "
+        f"{(OUT / 'results.json').relative_to(ROOT)}; worker logs in {LOGS.relative_to(ROOT)}/"
+    )
+    if interrupted:
+        sys.exit(130)
+    sys.exit(1 if results["failures"] else 0)
+
+
+def release(databases, results, began):
+    """Drop the task's databases; a failure to is reported, not fatal."""
+    try:
+        databases.release()
+    except Exception as exc:  # noqa: BLE001 - the next task gets a fresh database anyway
+        results["failures"].setdefault("cleanup", str(exc))
+        progress(began, f"cleanup: {exc}")
+
+
+def record(results, prefix, figures):
+    """Flatten one task's figures into `results`, one key per figure."""
+    if "durability" in figures:
+        results["settings"]["durability"][prefix.split(".")[-1]] = figures.pop("durability")
+    for reason_key in ("not_measured", "note"):
+        if reason_key in figures:
+            results["notes"][prefix] = figures.pop(reason_key)
+    if prefix in results["notes"] and not figures:
+        results["figures"][prefix] = None
+    for key, value in figures.items():
+        results["figures"][f"{prefix}.{key}"] = value
+
+
+def save(results, began):
+    results["seconds"] = round(time.monotonic() - began, 1)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    print(report.table(results))
-    print(f"\nwritten to {OUT / 'results.json'} in {results['seconds']}s")
+
+
+def progress(began, message):
+    print(f"[{time.monotonic() - began:5.0f}s] {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

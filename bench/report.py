@@ -1,114 +1,426 @@
-"""The benchmark's table, and the versions and machine it records."""
+"""The benchmark's table, and what a result records besides its figures:
+versions of everything measured and the machine it ran on.
+
+Figures are flat: one key per figure (``steps.postgres.step_us``), so two
+``results.json`` files can be compared key by key. Every time is also shown
+as a multiple of the physical limit of its database (one autocommit INSERT
+of a step-shaped row), measured in the same run.
+"""
 
 import importlib.metadata
 import os
 import platform
+import sqlite3
+import subprocess
+
+from bench.common import ROOT
+
+BACKENDS = ("postgres", "mariadb", "sqlite")
 
 
-def versions():
-    found = {"python": platform.python_version()}
+# What a result records besides its figures.
+
+
+def versions(servers, peer_versions):
+    """Python, the drivers, the database servers, the peers, everystep."""
+    found = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version}
     for package in ("django", "psycopg", "pymysql", "everystep"):
         try:
             found[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             found[package] = None
+    found["everystep_commit"] = _git("rev-parse", "HEAD")
+    found["everystep_tree_modified"] = bool(
+        _git("status", "--porcelain", "--", "everystep", "config")
+    )
+    for backend, server in servers.items():
+        found[backend] = _server_version(backend, server.url)
+    for name, version in peer_versions.items():
+        found[f"peer_{name}"] = version
     return found
 
 
 def machine():
-    model = "unknown"
+    info = {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": _first_value("/proc/cpuinfo", "model name"),
+        "memory_gib": None,
+        "platform": platform.platform(),
+    }
+    memory = _first_value("/proc/meminfo", "MemTotal")
+    if memory:
+        info["memory_gib"] = round(int(memory.split()[0]) / 2**20, 1)
+    return info
+
+
+def _first_value(path, key):
     try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            model = next(
-                line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")
-            )
-    except (OSError, StopIteration):
+        with open(path) as lines:
+            for line in lines:
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
         pass
-    return {"cpus": os.cpu_count(), "cpu": model, "platform": platform.platform()}
+    return None
+
+
+def _git(*args):
+    try:
+        result = subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def _server_version(backend, url):
+    try:
+        if backend == "postgres":
+            import psycopg
+
+            with psycopg.connect(url.replace("postgres://", "postgresql://", 1)) as conn:
+                return conn.execute("SHOW server_version").fetchone()[0]
+        from urllib.parse import urlsplit
+
+        import pymysql
+
+        parts = urlsplit(url)
+        conn = pymysql.connect(host=parts.hostname, port=parts.port, user=parts.username)
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT VERSION()")
+                return cursor.fetchone()[0]
+        finally:
+            conn.close()
+    except Exception as exc:  # noqa: BLE001 - a version is not worth failing the run
+        return f"unknown ({type(exc).__name__})"
+
+
+# The table.
+
+
+def number(value):
+    if value is None:
+        return "-"
+    if isinstance(value, int) or abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def verdict(met):
+    return "met" if met else "MISSED"
+
+
+class Table:
+    """Rows of (figure, value with unit, multiple of the physical limit, note)."""
+
+    def __init__(self, figures):
+        self.figures = figures
+        self.rows = []
+
+    def get(self, key):
+        return self.figures.get(key)
+
+    def limit_s(self, backend):
+        limit = self.get(f"steps.{backend}.physical_limit_us")
+        return limit / 1e6 if limit else None
+
+    def row(self, label, value, unit, seconds=None, backend="postgres", note=""):
+        """Add a row; `seconds`, a time to show as a multiple of `backend`'s limit."""
+        limit = self.limit_s(backend)
+        multiple = f"{number(seconds / limit)}×" if seconds is not None and limit else ""
+        self.rows.append((label, f"{number(value)} {unit}".strip(), multiple, note))
+
+    def heading(self, text):
+        self.rows.append((f"[{text}]", "", "", ""))
+
+    def text(self):
+        widths = [max(len(row[i]) for row in self.rows + [HEADER]) for i in range(3)]
+        lines = []
+        for row in [HEADER, None, *self.rows]:
+            if row is None:
+                lines.append("-" * (sum(widths) + 40))
+                continue
+            label, value, multiple, note = row
+            line = f"{label:<{widths[0]}}  {value:>{widths[1]}}  {multiple:>{widths[2]}}  {note}"
+            lines.append(line.rstrip())
+        return "\n".join(lines)
+
+
+HEADER = ("figure", "value", "× limit", "note")
+LEGEND = """\
+× limit: a time as a multiple of its database's physical limit (one autocommit INSERT of a
+step-shaped row, measured in this run); for a throughput, the time per step (1 / steps per s)."""
 
 
 def table(results):
-    """The figures as a plain-text table, with every figure that has a
-    physical limit also shown as a multiple of it."""
-    figures = results["figures"]
-    rows = []
+    t = Table(results["figures"])
+    get = t.get
+    _steps(t, get)
+    _throughput(t, get)
+    _pickup(t, get)
+    _claims(t, get)
+    _replay(t, get)
+    _footprint(t, get, results.get("notes", {}))
+    _peers(t, get, results.get("notes", {}))
+    if results.get("failures"):
+        t.heading("sections that failed")
+        for section, reason in results["failures"].items():
+            t.rows.append((section, "not measured", "", reason.splitlines()[0][:120]))
+    return LEGEND + "\n\n" + t.text()
 
-    def row(label, value, unit, note=""):
-        rows.append(
-            (label, f"{value:,.1f} {unit}" if isinstance(value, float | int) else str(value), note)
-        )
 
-    for backend in ("postgres", "mariadb", "sqlite"):
-        steps = figures.get(f"steps.{backend}")
-        if steps:
-            limit = steps["physical_limit_us"]
-            row(f"{backend}: physical limit (autocommit INSERT)", limit, "µs", "1.00×")
-            row(
-                f"{backend}: recorded step",
-                steps["step_us"],
-                "µs",
-                f"{steps['step_vs_limit']:.2f}× limit, "
-                f"{steps['step_round_trips']:.2f} round trips/step",
-            )
-    for key, value in figures.items():
-        if key.startswith("throughput."):
-            _, backend, shape = key.split(".", 2)
-            steps_per_run = 1 if shape == "one_step" else 5
-            label = f"{backend}: {value['runs']:.0f} runs of {steps_per_run} step(s), " + (
-                "1 worker (pool 8)"
-                if shape == "one_step"
-                else f"{shape[:-1]} worker(s) (pool 8 each)"
-            )
-            limit = figures.get(f"steps.{backend}", {}).get("physical_limit_us")
-            note = f"{value['runs_per_s'] * steps_per_run:,.0f} steps/s"
-            if limit:
-                note += f", {1e6 / limit:,.0f} commits/s is one connection's limit"
-            row(label, value["runs_per_s"], "runs/s", note)
-    for key, value in figures.items():
-        if key.startswith("pickup."):
-            _, backend, mode = key.split(".")
-            row(
-                f"{backend}: pickup, idle worker ({mode})",
-                value["pickup_p50_ms"],
-                "ms p50",
-                f"p99 {value['pickup_p99_ms']:.1f} ms",
-            )
-    claims = figures.get("claims.postgres")
-    if claims:
-        row("postgres: claim of 8, empty table", claims["claim_empty_table_8_waiting_us"], "µs")
-        row(
-            f"postgres: claim of 8, {claims['claim_finished_runs']:,} finished runs",
-            claims["claim_full_table_8_waiting_us"],
+def _steps(t, get):
+    for backend in BACKENDS:
+        prefix = f"steps.{backend}"
+        limit = get(f"{prefix}.physical_limit_us")
+        if limit is None:
+            continue
+        t.heading(f"{backend}: physical limit and recorded step")
+        t.row("physical limit: one autocommit INSERT", limit, "µs", limit / 1e6, backend)
+        step = get(f"{prefix}.step_us")
+        ratio = get(f"{prefix}.step_vs_limit")
+        t.row(
+            f"recorded step (run of {get(f'{prefix}.steps_per_run')} steps, one thread)",
+            step,
             "µs",
-            f"{claims['claim_ratio_8_waiting']:.2f}× "
-            f"(idle queue: {claims['claim_ratio_idle']:.2f}×)",
+            step / 1e6,
+            backend,
+            f"target ≤ 1.3× limit: {verdict(ratio <= 1.3)}",
         )
-    replay = figures.get("replay.postgres")
-    if replay:
-        row(
-            f"postgres: resume a run of {replay['replay_steps']} recorded steps",
-            replay["replay_ms"],
-            "ms",
-            f"{replay['replay_queries']:.0f} queries",
+        driver = get(f"{prefix}.step_in_driver_us")
+        t.row(
+            "  of which waiting in the driver",
+            driver,
+            "µs",
+            driver / 1e6,
+            backend,
+            f"engine's own Python: {number(step - driver)} µs per step",
         )
-    footprint = figures.get("footprint.postgres")
-    if footprint:
-        row("worker RSS, idle", footprint["worker_rss_idle_mib"], "MiB")
-        row(
-            f"worker RSS, after {footprint['footprint_runs']} runs",
-            footprint["worker_rss_after_runs_mib"],
-            "MiB",
+        trips = get(f"{prefix}.step_round_trips")
+        t.row(
+            "round trips per step (counted)",
+            trips,
+            "",
+            note=f"target 1: {verdict(trips <= 1.0)}; "
+            f"{number(get(f'{prefix}.run_statements'))} statements per run",
         )
-    start = figures.get("startup.postgres")
-    if start and "error" not in start:
-        row("zipapp: exec to ready, cold (first extraction)", start["zipapp_cold_start_s"], "s")
-        row("zipapp: exec to ready, warm", start["zipapp_warm_start_s"], "s")
-        row("zipapp size", start["zipapp_size_mib"], "MiB")
-    for key, value in figures.items():
-        if key.startswith("peers."):
-            for name, figure in value.items():
-                row(f"{key[6:]}: {name}", figure, "")
-    width = max(len(label) for label, _, _ in rows)
-    lines = [f"{'figure':<{width}}  {'value':>16}  note", "-" * (width + 40)]
-    lines += [f"{label:<{width}}  {value:>16}  {note}" for label, value, note in rows]
-    return "\n".join(lines)
+        if get(f"{prefix}.step_write_transactions") is not None:
+            t.row(
+                "write transactions per step (server)", get(f"{prefix}.step_write_transactions"), ""
+            )
+            prepared = get(f"{prefix}.prepared_statements")
+            t.row(
+                "statements prepared on the server",
+                prepared,
+                "",
+                note="step statements parsed and planned once per connection"
+                if prepared
+                else "0: every step statement is parsed and planned again",
+            )
+        run = get(f"{prefix}.sequential_5_step_run_ms")
+        t.row("sequential 5-step run: schedule, claim, execute", run, "ms", run / 1e3, backend)
+
+
+def _throughput(t, get):
+    shapes = [
+        ("1w", "1 worker"),
+        ("2w", "2 workers"),
+        ("4w", "4 workers"),
+        ("1w_one_step", "1 worker"),
+    ]
+    for backend in BACKENDS:
+        rows = [(s, label) for s, label in shapes if get(f"throughput.{backend}.{s}.runs_per_s")]
+        if not rows:
+            continue
+        t.heading(f"{backend}: throughput, pool 8 per worker")
+        for shape, label in rows:
+            p = f"throughput.{backend}.{shape}"
+            steps_per_s = get(f"{p}.steps_per_s")
+            t.row(
+                f"{number(get(f'{p}.runs'))} runs of {get(f'{p}.steps_per_run')} step(s), {label}",
+                get(f"{p}.runs_per_s"),
+                "runs/s",
+                1 / steps_per_s,
+                backend,
+                f"{number(steps_per_s)} steps/s; {number(get(f'{p}.runs_per_claim'))} runs per "
+                f"claim; workers' CPU {number(get(f'{p}.worker_cpu_ms_per_run'))} ms/run; "
+                f"machine CPU {get(f'{p}.machine_cpu_busy') * 100:.0f}% busy",
+            )
+
+
+def _pickup(t, get):
+    modes = [
+        ("postgres", "default", "PostgreSQL, default (LISTEN/NOTIFY)"),
+        ("postgres", "polling", "PostgreSQL, --no-notify (polling)"),
+        ("mariadb", "default", "MariaDB (polling)"),
+        ("sqlite", "default", "SQLite (polling)"),
+    ]
+    present = [m for m in modes if get(f"pickup.{m[0]}.{m[1]}.pickup_p50_ms") is not None]
+    if not present:
+        return
+    t.heading("pickup: schedule() commit to first step, idle worker, poll 0.2 s")
+    for backend, mode, label in present:
+        p = f"pickup.{backend}.{mode}"
+        for q in ("p50", "p99"):
+            value = get(f"{p}.pickup_{q}_ms")
+            note = f"{get(f'{p}.samples')} samples" if q == "p50" else ""
+            t.row(f"{label} {q}", value, "ms", value / 1e3, backend, note)
+
+
+def _claims(t, get):
+    p = "claims.postgres"
+    if get(f"{p}.empty_idle_us") is None:
+        return
+    t.heading("postgres: claim of 8 as finished runs pile up")
+    finished = number(get(f"{p}.finished_runs"))
+    for case, label in (("8_waiting", "8 runs waiting"), ("idle", "nothing waiting")):
+        empty, full = get(f"{p}.empty_{case}_us"), get(f"{p}.full_{case}_us")
+        ratio = get(f"{p}.ratio_{case}")
+        t.row(f"{label}, empty table", empty, "µs", empty / 1e6)
+        t.row(
+            f"{label}, {finished} finished runs",
+            full,
+            "µs",
+            full / 1e6,
+            note=f"ratio {ratio:.2f}, target < 1.5: {verdict(ratio < 1.5)}",
+        )
+
+
+def _replay(t, get):
+    p = "replay.postgres"
+    if get(f"{p}.replay_ms") is None:
+        return
+    t.heading("postgres: replay")
+    queries = get(f"{p}.queries")
+    t.row(
+        f"resume a run of {number(get(f'{p}.steps'))} recorded steps",
+        get(f"{p}.replay_ms"),
+        "ms",
+        get(f"{p}.replay_ms") / 1e3,
+        note=f"{number(queries)} queries (target 2: load + finish: {verdict(queries <= 2)})",
+    )
+    t.row(
+        "  of which loading the recorded steps",
+        get(f"{p}.load_ms"),
+        "ms",
+        get(f"{p}.load_ms") / 1e3,
+    )
+
+
+def _footprint(t, get, notes):
+    start = get("footprint.postgres.start_to_ready_s")
+    after = get("throughput.postgres.1w.worker_rss_after_mib")
+    cold = get("zipapp.cold_start_s")
+    if start is None and after is None and "zipapp.cold_start_s" not in t.figures:
+        return
+    t.heading("start-up and footprint")
+    if start is not None:
+        t.row("worker: exec to ready (python -m django)", start, "s", start)
+        t.row("worker RSS, idle (pool 8)", get("footprint.postgres.rss_idle_mib"), "MiB")
+    if after is not None:
+        runs = get("throughput.postgres.1w.runs_per_worker_after")
+        t.row(f"worker RSS after {number(runs)} 5-step runs", after, "MiB")
+    if cold is not None:
+        t.row("zipapp: exec to ready, cold (first extraction)", cold, "s", cold)
+        warm = get("zipapp.warm_start_s")
+        t.row("zipapp: exec to ready, warm", warm, "s", warm)
+        t.row("zipapp size", get("zipapp.size_mib"), "MiB")
+    elif "zipapp.cold_start_s" in t.figures:
+        t.rows.append(("zipapp start-up", "not measured", "", notes.get("zipapp", "")))
+
+
+PEERS = {
+    "dbos": (
+        "DBOS Transact",
+        [
+            (
+                "sequential 5-step run",
+                "sequential_5_step_run_ms",
+                "steps.postgres.sequential_5_step_run_ms",
+                "ms",
+                1e-3,
+                False,
+            ),
+            (
+                "queued 5-step runs, concurrency 8",
+                "queued_runs_per_s",
+                "throughput.postgres.1w.runs_per_s",
+                "runs/s",
+                None,
+                True,
+            ),
+            (
+                "enqueue to start p50",
+                "pickup_p50_ms",
+                "pickup.postgres.default.pickup_p50_ms",
+                "ms",
+                1e-3,
+                False,
+            ),
+            (
+                "enqueue to start p99",
+                "pickup_p99_ms",
+                "pickup.postgres.default.pickup_p99_ms",
+                "ms",
+                1e-3,
+                False,
+            ),
+        ],
+    ),
+    "procrastinate": (
+        "Procrastinate",
+        [
+            (
+                "one-step jobs, concurrency 8",
+                "jobs_per_s",
+                "throughput.postgres.1w_one_step.runs_per_s",
+                "jobs/s",
+                None,
+                True,
+            ),
+            (
+                "defer to start p50 (LISTEN/NOTIFY)",
+                "pickup_p50_ms",
+                "pickup.postgres.default.pickup_p50_ms",
+                "ms",
+                1e-3,
+                False,
+            ),
+            (
+                "defer to start p99 (LISTEN/NOTIFY)",
+                "pickup_p99_ms",
+                "pickup.postgres.default.pickup_p99_ms",
+                "ms",
+                1e-3,
+                False,
+            ),
+        ],
+    ),
+}
+
+
+def _peers(t, get, notes):
+    for peer, (title, items) in PEERS.items():
+        if f"peers.{peer}" in notes:
+            t.heading(f"peer: {title}")
+            t.rows.append((title, "not measured", "", notes[f"peers.{peer}"][:160]))
+            continue
+        if not any(get(f"peers.{peer}.{key}") is not None for _, key, *_ in items):
+            continue
+        t.heading(f"peer: {title}, same PostgreSQL server, same run")
+        for label, key, ours_key, unit, scale, higher_is_better in items:
+            theirs, ours = get(f"peers.{peer}.{key}"), get(ours_key)
+            if theirs is None:
+                continue
+            note = ""
+            if ours:
+                better = "higher" if higher_is_better else "lower"
+                note = (
+                    f"everystep {number(ours)} {unit}: everystep/{peer} = {ours / theirs:.2f} "
+                    f"({better} is better)"
+                )
+            t.row(label, theirs, unit, theirs * scale if scale else None, note=note)

@@ -1,7 +1,9 @@
 """Django database settings from a database URL.
 
 Accepted: ``postgres://`` and ``postgresql://`` (psycopg, server-side
-parameter binding), ``mysql://`` and
+parameter binding and prepared statements; ``?prepare_threshold=none``
+turns the latter off for a connection pooler that cannot keep them),
+``mysql://`` and
 ``mariadb://`` (PyMySQL), ``sqlite:///path`` (WAL journal, a busy timeout and
 immediate transactions, so a claim holds the write lock from its first read).
 """
@@ -12,6 +14,7 @@ import dj_database_url
 
 SCHEMES = ("postgres", "postgresql", "mysql", "mariadb", "sqlite")
 SQLITE_BUSY_TIMEOUT = 30  # seconds a writer waits for the lock before failing
+PREPARE_THRESHOLD = 5  # executions of a statement before psycopg prepares it
 
 dj_database_url.register("mariadb", "django.db.backends.mysql")
 
@@ -42,9 +45,17 @@ def database_settings(url):
             **settings.get("OPTIONS", {}),
         }
     elif scheme in ("postgres", "postgresql"):
-        # Server-side binding lets psycopg prepare the statements a worker
-        # repeats for every step: no parsing or planning per step.
-        settings["OPTIONS"] = {"server_side_binding": True, **settings.get("OPTIONS", {})}
+        # Server-side binding and prepared statements: the statements a
+        # worker repeats for every step are parsed and planned once per
+        # connection, not once per step.
+        options = {"server_side_binding": True, **settings.get("OPTIONS", {})}
+        threshold = options.get("prepare_threshold", PREPARE_THRESHOLD)
+        if isinstance(threshold, str) and threshold.lower() == "none":
+            threshold = None
+        elif not (threshold is None or isinstance(threshold, int)):
+            raise DatabaseURLError(f"prepare_threshold must be a number or none, not {threshold!r}")
+        options["prepare_threshold"] = threshold
+        settings["OPTIONS"] = options
     elif scheme in ("mysql", "mariadb"):
         _use_pymysql()
         settings["OPTIONS"] = {"charset": "utf8mb4", **settings.get("OPTIONS", {})}

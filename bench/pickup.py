@@ -1,0 +1,80 @@
+"""Pickup latency: how long a run waits for an idle worker.
+
+One worker process (``--poll 0.2``, the default; pool and everything else
+the defaults) idles. The probe schedules a run with ``schedule()`` in
+autocommit mode — committed when it returns, when the clock is read — and
+the run's first step records ``time.time()`` as it starts; the difference
+is the pickup latency (same machine, same wall clock). The step also sends
+its time to the probe as a UDP datagram on 127.0.0.1, so the probe waits
+without querying the database (which would load the machine under test);
+the run's completion is then checked before the next sample, so every
+sample meets an idle worker. Schedules are spaced by a random pause of up
+to one poll interval (seeded), so that they land at every point of the
+worker's poll cycle rather than in step with it. A few warm-up samples are
+dropped; p50 and p99 are taken over the rest.
+
+With ``notify`` false the worker is started with ``--no-notify`` (polling
+only); otherwise it does whatever the engine does by default on this
+database (on PostgreSQL, a LISTEN/NOTIFY wake-up).
+"""
+
+import os
+import random
+import socket
+import time
+
+from bench import workflows
+from bench.common import Workers, percentile, wait_for
+from everystep import schedule
+from everystep.models import Workflow
+
+WARM_UP = 10
+TIMEOUT = 30  # seconds a probe run may take to start
+
+
+def receive_start(probe, run_id):
+    """The start time the probe run `run_id` sends (others are ignored)."""
+    deadline = time.monotonic() + TIMEOUT
+    while (remaining := deadline - time.monotonic()) > 0:
+        probe.settimeout(remaining)
+        try:
+            message = probe.recv(200).decode()
+        except TimeoutError:
+            break
+        sender, _, started = message.partition(" ")
+        if sender == str(run_id):
+            return float(started)
+    raise TimeoutError(f"the probe run {run_id} did not start within {TIMEOUT}s")
+
+
+def measure(samples=200, poll=0.2, notify=True, log_dir=".", seed=1):
+    rng = random.Random(seed)
+    flags = ["--poll", str(poll)] + ([] if notify else ["--no-notify"])
+    url = os.environ["EVERYSTEP_DATABASE_URL"]
+    delays = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+        env = {workflows.PROBE_ADDRESS: address}
+        with Workers(1, flags, url, log_dir, prefix="bench-pickup", env=env) as group:
+            group.wait_ready()
+            for index in range(WARM_UP + samples):
+                time.sleep(rng.uniform(0, poll))
+                run = schedule(workflows.pickup_probe)  # autocommit: committed on return
+                committed = time.time()
+                started = receive_start(probe, run.id)
+                wait_for(
+                    lambda run=run: Workflow.objects.filter(id=run.id, status="completed").exists(),
+                    TIMEOUT,
+                    "the probe run to complete",
+                    interval=0.005,
+                )
+                if index >= WARM_UP:
+                    delays.append(started - committed)
+    return {
+        "samples": samples,
+        "pickup_p50_ms": percentile(delays, 0.5) * 1e3,
+        "pickup_p99_ms": percentile(delays, 0.99) * 1e3,
+        "pickup_min_ms": min(delays) * 1e3,
+        "pickup_max_ms": max(delays) * 1e3,
+    }
