@@ -61,9 +61,10 @@ def execute(claimed, draining=None):
     )
     started = time.monotonic()
     try:
-        run.outcomes.update(
-            _guarded(lambda attempt: store.load_outcomes(run.workflow_id), "loading steps")
-        )
+        if claimed.has_steps is not False:
+            run.outcomes.update(
+                _guarded(lambda attempt: store.load_outcomes(run.workflow_id), "loading steps")
+            )
         body = registry.get(run.workflow_name)
         if body is None:
             raise EverystepError(
