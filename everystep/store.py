@@ -14,7 +14,7 @@ import functools
 import json
 import uuid
 
-from django.db import IntegrityError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
@@ -143,22 +143,23 @@ def record_step(run, step_id, name, args, kwargs, status, result, error, started
     when a row is already at this id: either this very write landed before
     its connection was lost, or another runner owns the run.
     """
+    db = _thread_connection()
     finished_at = None if status == Step.Status.STARTED else timezone.now()
     params = [
         step_id,
         name,
-        _json_param(args),
-        _json_param(kwargs),
+        _json_param(db, args),
+        _json_param(db, kwargs),
         status,
-        _json_param(result),
-        _json_param(error),
-        _datetime_param(started_at),
-        _datetime_param(finished_at),
-        *_fence_params(run),
+        _json_param(db, result),
+        _json_param(db, error),
+        _datetime_param(db, started_at),
+        _datetime_param(db, finished_at),
+        *_fence_params(db, run),
     ]
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(_step_statements(connection.vendor).insert, params)
+        with db.cursor() as cursor:
+            cursor.execute(_step_statements(db.vendor).insert, params)
             return cursor.rowcount == 1
     except IntegrityError:
         return None
@@ -167,18 +168,19 @@ def record_step(run, step_id, name, args, kwargs, status, result, error, started
 def complete_started_step(run, step_id, status, result, error):
     """Turn a step's ``started`` row into its outcome, in place, fenced.
     Returns whether it landed."""
+    db = _thread_connection()
     params = [
         status,
-        _json_param(result),
-        _json_param(error),
-        _datetime_param(timezone.now()),
-        _uuid_param(run.workflow_id),
+        _json_param(db, result),
+        _json_param(db, error),
+        _datetime_param(db, timezone.now()),
+        _uuid_param(db, run.workflow_id),
         step_id,
         Step.Status.STARTED,
-        *_fence_params(run),
+        *_fence_params(db, run),
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(_step_statements(connection.vendor).complete, params)
+    with db.cursor() as cursor:
+        cursor.execute(_step_statements(db.vendor).complete, params)
         return cursor.rowcount == 1
 
 
@@ -217,8 +219,8 @@ def _fenced(run):
     return Workflow.objects.filter(id=run.workflow_id, status=RUNNING, claim_token=run.claim_token)
 
 
-def _fence_params(run):
-    return [_uuid_param(run.workflow_id), RUNNING, _uuid_param(run.claim_token)]
+def _fence_params(db, run):
+    return [_uuid_param(db, run.workflow_id), RUNNING, _uuid_param(db, run.claim_token)]
 
 
 _STEP_COLUMNS = (
@@ -264,17 +266,23 @@ def _step_statements(vendor):
     return _StepStatements(insert, complete)
 
 
-def _json_param(value):
+def _thread_connection():
+    """This thread's connection itself: the step writes use it many times,
+    and each use of the `connection` proxy looks it up again."""
+    return connections[DEFAULT_DB_ALIAS]
+
+
+def _json_param(db, value):
     """Encoded JSON as the driver takes it; None stays SQL NULL."""
-    return None if value is None else connection.ops.adapt_json_value(value, None)
+    return None if value is None else db.ops.adapt_json_value(value, None)
 
 
-def _datetime_param(value):
-    return connection.ops.adapt_datetimefield_value(value)
+def _datetime_param(db, value):
+    return db.ops.adapt_datetimefield_value(value)
 
 
-def _uuid_param(value):
-    if value is None or connection.features.has_native_uuid_field:
+def _uuid_param(db, value):
+    if value is None or db.features.has_native_uuid_field:
         return value
     return value.hex
 
