@@ -114,15 +114,15 @@ def test_a_stale_runner_cannot_write_after_its_run_was_requeued_and_claimed_else
 def test_a_run_that_dies_outside_the_runner_is_failed_and_reported_while_the_worker_goes_on(
     monkeypatch, caplog, embedded_worker
 ):
-    real_load = store.load_outcomes
+    real_record = store.record_step
     broken = schedule(workflows.quick, 1)
 
-    def load_outcomes(workflow_id):
-        if workflow_id == broken.id:
-            raise RuntimeError("engine bug while loading")
-        return real_load(workflow_id)
+    def record_step(run, *args, **kwargs):
+        if run.workflow_id == broken.id:
+            raise RuntimeError("engine bug while recording")
+        return real_record(run, *args, **kwargs)
 
-    monkeypatch.setattr(store, "load_outcomes", load_outcomes)
+    monkeypatch.setattr(store, "record_step", record_step)
     with sentry_events() as events:
         worker = embedded_worker(pool_size=2, name="survivor")
         wait_until(lambda: status_of(broken)[0] == Workflow.Status.FAILED)
@@ -131,10 +131,10 @@ def test_a_run_that_dies_outside_the_runner_is_failed_and_reported_while_the_wor
 
     broken.refresh_from_db()
     assert broken.error["type"] == "builtins.RuntimeError"
-    assert broken.error["message"] == "engine bug while loading"
+    assert broken.error["message"] == "engine bug while recording"
     assert "crashed outside its steps" in caplog.text
     [payload] = events
-    assert payload["exception"]["values"][0]["value"] == "engine bug while loading"
+    assert payload["exception"]["values"][0]["value"] == "engine bug while recording"
     assert payload["contexts"]["everystep"]["workflow_id"] == str(broken.id)
     assert payload["contexts"]["everystep"]["workflow_name"] == "tests.workflows.quick"
 
