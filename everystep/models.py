@@ -57,11 +57,9 @@ class Workflow(models.Model):
                 fields=["name", "idempotency_key"], name="everystep_workflow_idempotency"
             ),
         ]
-        # The claim's index — scheduled runs in creation order, without the
-        # finished ones — differs by backend and is made by migration 0002.
-        indexes = [
-            models.Index(fields=["claimed_by", "status"], name="everystep_workflow_claimed_by"),
-        ]
+        # The claim's index (scheduled runs in creation order) and the
+        # catchup's (running runs by worker name) leave the finished runs
+        # out, which each backend does its own way: migrations 0002 and 0003.
 
     def __str__(self):
         return f"{self.name} {self.id} ({self.status})"

@@ -99,17 +99,19 @@ def claim(worker_name, limit, *, only_parked=False, exclude=()):
 
 
 def _claim_in_one_statement(worker_name, limit, token, now):
+    # 'scheduled' is written into the statement, not bound: a prepared
+    # statement's generic plan can then still use the partial claim index.
     sql = """
         UPDATE everystep_workflow
            SET status = %s, claimed_by = %s, claim_token = %s, claimed_at = %s
          WHERE id IN (SELECT id FROM everystep_workflow
-                       WHERE status = %s ORDER BY created_at LIMIT %s
+                       WHERE status = 'scheduled' ORDER BY created_at LIMIT %s
                        FOR UPDATE SKIP LOCKED)
      RETURNING id, name, args,
                EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [RUNNING, worker_name, token, now, SCHEDULED, limit])
+        cursor.execute(sql, [RUNNING, worker_name, token, now, limit])
         rows = cursor.fetchall()
     runs = [
         ClaimedRun(id, name, _decode_json(args), token, worker_name, has_steps)

@@ -14,6 +14,8 @@ instead of waiting for their next poll. Other backends poll.
 
 from django.db import migrations
 
+from everystep.migrations._per_backend import run_for_backend
+
 PARTIAL_INDEX = (
     "CREATE INDEX everystep_workflow_scheduled ON everystep_workflow (created_at) "
     "WHERE status = 'scheduled'"
@@ -49,14 +51,6 @@ BACKWARD = {
     "sqlite": ["DROP INDEX IF EXISTS everystep_workflow_scheduled"],
     "mysql": ["DROP INDEX everystep_workflow_scheduled ON everystep_workflow"],
 }
-
-
-def run_for_backend(statements):
-    def run(apps, schema_editor):
-        for sql in statements.get(schema_editor.connection.vendor, []):
-            schema_editor.execute(sql)
-
-    return run
 
 
 class Migration(migrations.Migration):
