@@ -131,6 +131,11 @@ def test_everystep_path_finds_the_workflow_modules(pyz, tmp_path):
         ({"EVERYSTEP_CATCHUP": "perhaps"}, "worker", "EVERYSTEP_CATCHUP"),
         ({"EVERYSTEP_LOG_FORMAT": "xml"}, "worker", "EVERYSTEP_LOG_FORMAT"),
         ({"EVERYSTEP_DATABASE_URL": "redis://127.0.0.1/0"}, "worker", "EVERYSTEP_DATABASE_URL"),
+        (
+            {"EVERYSTEP_DATABASE_URL": "postgres://127.0.0.1/x?prepare_threshold=soon"},
+            "worker",
+            "prepare_threshold",
+        ),
         ({"EVERYSTEP_WORKFLOWS": ""}, "worker", "EVERYSTEP_WORKFLOWS"),
         ({"EVERYSTEP_WORKFLOWS": ""}, "schedule", "EVERYSTEP_WORKFLOWS"),
         ({"EVERYSTEP_WORKFLOWS": "no_such_module"}, "worker", "no_such_module"),
