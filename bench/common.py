@@ -115,6 +115,21 @@ def child_environment(url):
     return env
 
 
+def start_process(command, env, **options):
+    """Start `command` from the repository's root with `env`, no stdin and
+    its stdout piped as text; `options` go to `subprocess.Popen`."""
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        **options,
+    )
+
+
 CLAIM_LINE = re.compile(r" claimed (\d+) run\(s\)")
 
 
@@ -137,16 +152,7 @@ class WorkerProcess:
         self._tail = []
         self._terminated = False
         self._began = time.perf_counter()
-        self.process = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-        )
+        self.process = start_process(command, env, stderr=subprocess.STDOUT)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 

@@ -35,12 +35,3 @@ def outcome_counts():
     """Runs per status."""
     rows = Workflow.objects.values_list("status").annotate(count=Count("id")).order_by()
     return dict(rows)
-
-
-def server_version():
-    with connection.cursor() as cursor:
-        if connection.vendor == "sqlite":
-            cursor.execute("SELECT sqlite_version()")
-        else:
-            cursor.execute("SELECT version()")
-        return cursor.fetchone()[0]

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 
-from bench.common import ROOT, child_environment
+from bench.common import child_environment, start_process
 
 
 class SectionFailed(RuntimeError):
@@ -120,17 +120,7 @@ def run(command, env, timeout, what):
     """Run `command` in a session of its own; its stdout. On failure or
     after `timeout` seconds, its process group is killed and `SectionFailed`
     raised with the end of its stderr."""
-    process = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
+    process = start_process(command, env, stderr=subprocess.PIPE, start_new_session=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -20,29 +20,29 @@ def plan(sql):
         return " ".join(" ".join(map(str, row)) for row in cursor.fetchall())
 
 
-def test_the_claim_seeks_through_the_scheduled_index_past_many_finished_runs():
+def fill(finished, *others):
+    """Insert 20,000 copies of the `finished` run, then the `others`, and
+    refresh the planner's statistics."""
     Workflow.objects.bulk_create(
-        [Workflow(name="w", status="completed") for _ in range(20_000)], batch_size=2_000
+        [Workflow(**finished) for _ in range(20_000)] + list(others), batch_size=2_000
     )
-    Workflow.objects.bulk_create([Workflow(name="w") for _ in range(5)])
     with connection.cursor() as cursor:
         cursor.execute(
             "ANALYZE" if connection.vendor != "mysql" else "ANALYZE TABLE everystep_workflow"
         )
+
+
+def test_the_claim_seeks_through_the_scheduled_index_past_many_finished_runs():
+    fill({"name": "w", "status": "completed"}, *[Workflow(name="w") for _ in range(5)])
     assert "everystep_workflow_scheduled" in plan(CLAIM_READ)
     assert len(store.claim("indexed", 8)) == 5
 
 
 def test_the_catchup_reads_an_index_of_running_runs_by_name():
-    Workflow.objects.bulk_create(
-        [Workflow(name="w", status="completed", claimed_by="old") for _ in range(20_000)],
-        batch_size=2_000,
+    fill(
+        {"name": "w", "status": "completed", "claimed_by": "old"},
+        Workflow(name="w", status="running", claimed_by="w-0"),
     )
-    Workflow.objects.bulk_create([Workflow(name="w", status="running", claimed_by="w-0")])
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "ANALYZE" if connection.vendor != "mysql" else "ANALYZE TABLE everystep_workflow"
-        )
     catchup = "SELECT id FROM everystep_workflow WHERE status = 'running' AND claimed_by = 'w-0'"
     assert "everystep_workflow_claimed_by" in plan(catchup)
     assert len(store.claim("w-0", 8, only_parked=True)) == 1
