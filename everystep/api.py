@@ -30,7 +30,12 @@ def step(func=None, *, unsafe_to_repeat=False):
     record on replay; a call may pass ``everystep_id="name"`` to take a stable
     name instead of the next position. An unsafe-to-repeat step is never run
     twice: if its outcome was lost, the run ends ``blocked``. Outside a
-    workflow the function runs as a plain call and ``everystep_id`` is dropped.
+    workflow, and inside another step's function, the function runs as a
+    plain call and ``everystep_id`` is dropped.
+
+    A step called while the workflow body is inside ``transaction.atomic()``
+    raises `EverystepError` before anything runs: its record would ride the
+    body's transaction and vanish with it.
     """
     if func is None:
         return functools.partial(step, unsafe_to_repeat=unsafe_to_repeat)
@@ -40,9 +45,11 @@ def step(func=None, *, unsafe_to_repeat=False):
     @functools.wraps(func)
     def recorded(*args, everystep_id=None, **kwargs):
         ctx = context.current()
-        if ctx is None:
+        if ctx is None or not ctx.recording:
             return func(*args, **kwargs)
         from everystep import runner
+
+        runner.refuse_inside_transaction("a step")
 
         step_id = ctx.next_step_id(everystep_id)
         return runner.run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat)
@@ -66,13 +73,21 @@ def parallel(*branches, everystep_id=None):
     for branch in branches:
         _check_branch(branch)
     parent = context.current()
-    fork_id = parent.next_step_id(everystep_id) if parent is not None else None
+    recording = parent is not None and parent.recording
+    fork_id = None
+    if recording:
+        from everystep import runner
+
+        runner.refuse_inside_transaction("parallel()")
+        fork_id = parent.next_step_id(everystep_id)
 
     results = [None] * len(branches)
     errors = [None] * len(branches)
 
     def run_branch(index, branch):
-        scope = parent.child(fork_id, index) if parent is not None else None
+        # Inside a step's function the branches share its (non-recording)
+        # context, so they still see the run through `context.current()`.
+        scope = parent.child(fork_id, index) if recording else parent
         try:
             with context.activated(scope):
                 if isinstance(branch, list):

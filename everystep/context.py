@@ -59,6 +59,10 @@ class RunState:
 class Context:
     """One scope of a running workflow: the body, or one branch of a fork.
 
+    While one of its steps' functions runs, the context stops `recording`:
+    steps, forks and workflows called from inside a step are plain calls, so
+    they move no step id and replay cannot serve them the wrong record.
+
     `outcomes` maps step id → ``{"name", "status", "result", "error"}`` for
     everything recorded so far in this run, values decoded.
     """
@@ -66,6 +70,8 @@ class Context:
     def __init__(self, run, prefix=""):
         self.run = run
         self.prefix = prefix
+        #: False while a step's function runs: what it calls is not recorded.
+        self.recording = True
         self._counter = 0
         self._names = set()
 

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 
+from django.db import connections
 from django.utils import timezone
 
 from everystep import context, registry, retry, serde, store
@@ -73,7 +74,7 @@ def execute(claimed, draining=None):
             )
         with context.activated(context.Context(run)):
             result = body(*claimed.args)
-        serde.to_json(result)
+        serde.check_size(f"the result of run {run.workflow_id}", serde.encode(result))
     except Terminal as exc:
         return _finish(run, Status.STOPPED, started, error=serde.encode_exception(exc))
     except EffectUncertain as exc:
@@ -115,25 +116,31 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
         raise DrainOrphan(run.workflow_id, step_id)
 
     step = {"step_id": step_id, "name": name, "started_at": timezone.now()}
-    step["args"] = serde.to_json(list(args))
-    step["kwargs"] = serde.to_json(kwargs)
+    step["args"] = serde.dumps(serde.to_json(list(args)))
+    step["kwargs"] = serde.dumps(serde.to_json(kwargs))
+    serde.check_size(f"the arguments of step {step_id}", step["args"], step["kwargs"])
     if unsafe_to_repeat:
         _record(run, step, Step.Status.STARTED, None, None, update=False)
 
+    ctx.recording = False  # what the function calls is part of this step
     try:
         result = func(*args, **kwargs)
     except Exception as exc:
         error, status, result = exc, Step.Status.FAILED, None
-        encoded_result, encoded_error = None, serde.encode_exception(exc)
+        encoded_error = serde.encode_exception(exc)
+        result_text, error_text = None, serde.dumps(encoded_error)
     else:
-        error, status = None, Step.Status.DONE
-        encoded_result, encoded_error = serde.to_json(result), None
+        error, status, encoded_error = None, Step.Status.DONE, None
+        result_text, error_text = serde.dumps(serde.to_json(result)), None
+    finally:
+        ctx.recording = True
+    serde.check_size(
+        f"the outcome of step {step_id}", step["args"], step["kwargs"], result_text, error_text
+    )
 
     if fault is not None:
         fault(ctx, step_id)
-    _record(
-        run, step, status, encoded_result, encoded_error, update=unsafe_to_repeat or rerun_started
-    )
+    _record(run, step, status, result_text, error_text, update=unsafe_to_repeat or rerun_started)
     run.outcomes[step_id] = {
         "name": name,
         "status": status,
@@ -143,6 +150,19 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
     if error is not None:
         raise error
     return result
+
+
+def refuse_inside_transaction(what):
+    """Raise `EverystepError` when this thread is inside ``transaction.atomic()``
+    on any database: a step's record (or its effect) would ride the body's
+    transaction, and a rollback would lose one without the other."""
+    for db in connections.all(initialized_only=True):
+        if db.in_atomic_block:
+            raise EverystepError(
+                f"{what} was called inside transaction.atomic() (database {db.alias!r}) "
+                f"in a workflow body: move the atomic block into the step's function, "
+                f"so the step's effect and its record cannot be split by a rollback"
+            )
 
 
 def _record(run, step, status, result, error, *, update):

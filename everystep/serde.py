@@ -6,7 +6,13 @@ these round-trip as tagged objects ``{"__es__": TAG, "v": VALUE}``:
 `bytearray` (base64), `tuple`, and `enum.Enum` members (class path + value).
 A dict that itself holds the key ``"__es__"`` is tagged too, so no user value
 is ever mistaken for a tag. Anything else is refused with `EverystepError`
-naming the type, before anything is written.
+naming the type, before anything is written, and so are values nested
+deeper than `MAX_DEPTH`, strings PostgreSQL cannot store (a NUL character,
+a lone surrogate) and records larger than `MAX_RECORD_BYTES` encoded.
+
+Decoding calls nothing a stored tag names except `enum.Enum` classes and
+exception classes: stored data cannot make everystep call an arbitrary
+importable object.
 """
 
 import base64
@@ -20,15 +26,27 @@ import uuid
 from everystep.errors import EverystepError, StepFailure
 
 TAG = "__es__"
+#: How deep lists and dicts may nest in a stored value.
+MAX_DEPTH = 100
+#: The most one step record (or a run's arguments, or its result) may take
+#: encoded: far below MariaDB's default max_allowed_packet (16 MiB), and
+#: more than any value a workflow should pass between steps.
+MAX_RECORD_BYTES = 8 * 1024 * 1024
 
 
-def to_json(value):
+def to_json(value, _depth=0):
     """Return `value` as plain JSON data (dicts, lists, str, numbers, None),
     tagging the extra types; raise `EverystepError` for anything else."""
-    if value is None or isinstance(value, bool | str):
+    if isinstance(value, str):
+        return _checked_string(value)
+    if value is None or isinstance(value, bool):
         return value
+    if _depth > MAX_DEPTH:
+        raise EverystepError(f"cannot serialize a value nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, enum.Enum):
-        return _tagged("enum", {"class": _dotted_name(type(value)), "value": to_json(value.value)})
+        return _tagged(
+            "enum", {"class": _dotted_name(type(value)), "value": to_json(value.value, _depth + 1)}
+        )
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
@@ -38,11 +56,11 @@ def to_json(value):
             )
         return value
     if isinstance(value, list):
-        return [to_json(item) for item in value]
+        return [to_json(item, _depth + 1) for item in value]
     if isinstance(value, tuple):
-        return _tagged("tuple", [to_json(item) for item in value])
+        return _tagged("tuple", [to_json(item, _depth + 1) for item in value])
     if isinstance(value, dict):
-        return _dict_to_json(value)
+        return _dict_to_json(value, _depth + 1)
     if isinstance(value, datetime.datetime):
         return _tagged("datetime", value.isoformat())
     if isinstance(value, datetime.date):
@@ -74,6 +92,24 @@ def from_json(data):
 def encode(value):
     """Serialize `value` to JSON text (see `to_json`)."""
     return json.dumps(to_json(value), separators=(",", ":"))
+
+
+def dumps(data):
+    """JSON text of data `to_json` returned, for a column: None stays None
+    (SQL NULL)."""
+    return None if data is None else json.dumps(data, separators=(",", ":"))
+
+
+def check_size(what, *texts):
+    """Raise `EverystepError` when the JSON `texts` of one record (None for
+    an absent value) add up to more than `MAX_RECORD_BYTES`."""
+    size = sum(len(text) for text in texts if text is not None)
+    if size > MAX_RECORD_BYTES:
+        raise EverystepError(
+            f"{what} is {size / 1048576:.1f} MiB encoded; everystep stores at most "
+            f"{MAX_RECORD_BYTES // 1048576} MiB per record: store large data elsewhere "
+            f"(a file, an object store) and pass its key"
+        )
 
 
 def decode(text):
@@ -131,7 +167,7 @@ def _tagged(tag, value):
     return {TAG: tag, "v": value}
 
 
-def _dict_to_json(value):
+def _dict_to_json(value, depth):
     encoded = {}
     for key, item in value.items():
         if not isinstance(key, str):
@@ -139,12 +175,27 @@ def _dict_to_json(value):
                 f"cannot serialize a dict key of type {_dotted_name(type(key))}: "
                 f"JSON object keys are strings"
             )
-        encoded[key] = to_json(item)
+        encoded[_checked_string(key)] = to_json(item, depth)
     return _tagged("dict", encoded) if TAG in encoded else encoded
+
+
+def _checked_string(value):
+    """`value`, if every database can store it: no NUL character (PostgreSQL
+    refuses it) and valid UTF-8 (no lone surrogate)."""
+    if "\x00" in value:
+        raise EverystepError("cannot store a string holding a NUL character (\\x00)")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise EverystepError("cannot store a string that is not valid UTF-8") from None
+    return value
 
 
 def _decode_enum(value):
     cls = import_dotted(value["class"])
+    if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
+        raise EverystepError(f"stored enum class {value['class']!r} is not an Enum")
     return cls(from_json(value["value"]))
 
 

@@ -138,8 +138,8 @@ def run_exists(workflow_id):
 
 
 def record_step(run, step_id, name, args, kwargs, status, result, error, started_at):
-    """Insert a step's outcome (`args`, `kwargs`, `result` already encoded by
-    `serde.to_json`), fenced on the run's claim.
+    """Insert a step's outcome (`args`, `kwargs`, `result`, `error` already
+    JSON text, or None), fenced on the run's claim.
 
     Returns True when it landed, False when the fence refused it, and None
     when a row is already at this id: either this very write landed before
@@ -150,11 +150,11 @@ def record_step(run, step_id, name, args, kwargs, status, result, error, started
     params = [
         step_id,
         name,
-        _json_param(db, args),
-        _json_param(db, kwargs),
+        args,
+        kwargs,
         status,
-        _json_param(db, result),
-        _json_param(db, error),
+        result,
+        error,
         _datetime_param(db, started_at),
         _datetime_param(db, finished_at),
         *_fence_params(db, run),
@@ -168,13 +168,13 @@ def record_step(run, step_id, name, args, kwargs, status, result, error, started
 
 
 def complete_started_step(run, step_id, status, result, error):
-    """Turn a step's ``started`` row into its outcome, in place, fenced.
-    Returns whether it landed."""
+    """Turn a step's ``started`` row into its outcome (`result` and `error`
+    JSON text, or None), in place, fenced. Returns whether it landed."""
     db = _thread_connection()
     params = [
         status,
-        _json_param(db, result),
-        _json_param(db, error),
+        result,
+        error,
         _datetime_param(db, timezone.now()),
         _uuid_param(db, run.workflow_id),
         step_id,
@@ -272,11 +272,6 @@ def _thread_connection():
     """This thread's connection itself: the step writes use it many times,
     and each use of the `connection` proxy looks it up again."""
     return connections[DEFAULT_DB_ALIAS]
-
-
-def _json_param(db, value):
-    """Encoded JSON as the driver takes it; None stays SQL NULL."""
-    return None if value is None else db.ops.adapt_json_value(value, None)
 
 
 def _datetime_param(db, value):

@@ -110,3 +110,62 @@ def test_importing_everystep_does_not_import_django():
     code = "import sys, everystep; assert everystep.Terminal; print('django' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_stored_enum_tag_naming_a_callable_that_is_not_an_enum_calls_nothing(calls):
+    tag = {"__es__": "enum", "v": {"class": "tests.workflows.count", "value": "called"}}
+    with pytest.raises(EverystepError, match="not an Enum"):
+        serde.from_json(tag)
+    assert calls["called"] == 0
+
+
+def test_a_stored_exception_type_naming_a_callable_that_is_not_an_exception_calls_nothing(calls):
+    payload = {"type": "tests.workflows.count", "message": "m", "args": ["called"]}
+    assert isinstance(serde.decode_exception(payload), StepFailure)
+    assert calls["called"] == 0
+
+
+def nested(levels):
+    value = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_values_nested_past_the_depth_limit_are_refused():
+    assert serde.decode(serde.encode(nested(serde.MAX_DEPTH))) == nested(serde.MAX_DEPTH)
+    with pytest.raises(EverystepError, match="nested deeper than"):
+        serde.encode(nested(serde.MAX_DEPTH + 1))
+    with pytest.raises(EverystepError, match="nested deeper than"):
+        serde.encode({"deep": nested(10_000)})
+
+
+@pytest.mark.parametrize("text", ["nul\x00inside", "lone \udcff surrogate"], ids=repr)
+def test_strings_no_database_can_store_are_refused(text):
+    with pytest.raises(EverystepError, match="cannot store a string"):
+        serde.encode(text)
+    with pytest.raises(EverystepError, match="cannot store a string"):
+        serde.encode({text: 1})
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("text", ["nul\x00inside", "lone \udcff surrogate"], ids=repr)
+def test_a_step_result_no_database_can_store_fails_the_run_with_a_clear_error(text):
+    run = run_to_end(workflows.text_from_codes, [ord(char) for char in text])
+    assert run.status == Workflow.Status.FAILED
+    assert "cannot store a string" in run.error["message"]
+    assert not run.steps.exists()
+    with pytest.raises(EverystepError, match="cannot store a string"):
+        schedule(workflows.typed_values, text)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_outcome_over_the_size_limit_fails_the_run_instead_of_retrying_forever(calls):
+    run = run_to_end(workflows.large_outcome, serde.MAX_RECORD_BYTES + 1024)
+    assert run.status == Workflow.Status.FAILED
+    assert "stores at most 8 MiB per record" in run.error["message"]
+    assert not run.steps.exists()
+    assert calls["sized"] == 1
+
+    fits = run_to_end(workflows.large_outcome, 1024 * 1024)
+    assert fits.status == Workflow.Status.COMPLETED and fits.result == 1024 * 1024

@@ -269,3 +269,71 @@ def napping(seconds, steps):
 def fanned(n):
     """A fork of three branches: each branch thread opens its own connection."""
     return parallel(lambda: echo(n), lambda: echo(n + 1), lambda: add(n, n))
+
+
+@step
+def inner(tag):
+    count("inner")
+    return f"inner:{tag}"
+
+
+@step
+def outer(tag):
+    """A step whose function calls another step: a plain call."""
+    count("outer")
+    return f"outer:{inner(tag)}"
+
+
+@workflow
+def step_calls_step():
+    return [outer("from-outer"), inner("from-body")]
+
+
+@step
+def fans_out_inside(n):
+    """A step whose function forks and reads the run's context."""
+    ctx = context.current()
+    left, right = parallel(lambda: inner(n), lambda: str(context.current().workflow_id))
+    return [str(ctx.workflow_id), left, right]
+
+
+@workflow
+def step_forks_inside():
+    return [fans_out_inside("x"), echo("after")]
+
+
+@workflow
+def charges_inside_atomic(amount):
+    from django.db import transaction
+
+    with transaction.atomic():
+        return charge(amount)
+
+
+@workflow
+def forks_inside_atomic():
+    from django.db import transaction
+
+    with transaction.atomic():
+        return parallel(lambda: echo("left"), lambda: echo("right"))
+
+
+@step
+def sized(length):
+    count("sized")
+    return "x" * length
+
+
+@workflow
+def large_outcome(length):
+    return len(sized(length))
+
+
+@step
+def from_codes(codes):
+    return "".join(map(chr, codes))
+
+
+@workflow
+def text_from_codes(codes):
+    return from_codes(codes)
