@@ -10,7 +10,8 @@ class EverystepConfig(AppConfig):
 
     When ready it imports every installed app's ``workflows`` module and the
     modules listed in the ``EVERYSTEP_WORKFLOWS`` setting, so that a worker
-    knows every ``@workflow`` it may be asked to run.
+    knows every ``@workflow`` it may be asked to run, and tunes each new
+    MySQL/MariaDB connection's socket (`everystep.timeouts`).
     """
 
     name = "everystep"
@@ -18,7 +19,12 @@ class EverystepConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from django.db.backends.signals import connection_created
         from django.utils.module_loading import autodiscover_modules
+
+        from everystep import timeouts
+
+        connection_created.connect(timeouts.on_connection_created, dispatch_uid="everystep")
 
         autodiscover_modules("workflows")
         import_workflow_modules(getattr(settings, "EVERYSTEP_WORKFLOWS", ()))

@@ -105,3 +105,8 @@ class EngineError(EngineSignal):
     def __init__(self, error):
         super().__init__(error)
         self.error = error
+
+
+class ConfigurationError(EverystepError):
+    """The database settings cannot work: a wrong password, an unknown user,
+    database or host. Retrying would not help; the worker exits with status 2."""

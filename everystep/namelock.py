@@ -2,21 +2,39 @@
 
 PostgreSQL uses a session advisory lock and MariaDB/MySQL ``GET_LOCK``, each
 on a connection of the lock's own, so the lock lives exactly as long as that
-connection: a worker that dies releases it. SQLite, single-host, uses an
-exclusive file lock beside the database file, which the kernel releases when
-the process dies. A lock lost with its connection (a database restart) is
-taken again by `ensure()` before the worker claims anything more.
+connection's session: a worker that dies releases it. SQLite, single-host,
+uses an exclusive file lock beside the database file, which the kernel
+releases when the process dies.
+
+The server must notice a dead session quickly, or a worker killed during a
+network partition would keep its name for hours (the kernel's keepalive
+default). So the lock's session asks the server for keepalives of its own
+and to end the session when idle for `IDLE_SESSION_TIMEOUT` seconds; the
+worker checks the lock every few seconds, so only a dead or cut-off worker
+is ever that idle.
+
+A lock lost with its connection (a restart, a partition) is taken again by
+`ensure()` before the worker claims anything more. If the server still
+shows the lock held by this worker's own previous session, that session is
+ended first. If another process holds it, `ensure()` raises `NameLost`: the
+worker must stop, never run as a second holder.
 """
 
 import fcntl
 import hashlib
-import logging
 import os
 import re
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
-logger = logging.getLogger(__name__)
+from everystep import deadline, events
+from everystep.timeouts import KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL
+
+IDLE_SESSION_TIMEOUT = 30  # seconds; the worker checks its lock every 5
+
+
+class NameLost(Exception):
+    """Another process took this worker's name while its lock was lost."""
 
 
 def name_lock(name, alias="default"):
@@ -33,8 +51,9 @@ def name_lock(name, alias="default"):
 
 class NameLock:
     """A lock on a worker name. `try_acquire()` never blocks; `ensure()`
-    checks the lock is still held and takes it again if it was lost, returning
-    whether it is held now; `release()` lets it go."""
+    checks the lock is still held and takes it again if it was lost,
+    returning whether it is held now (raising `NameLost` if another process
+    has it); `release()` lets it go."""
 
     def __init__(self, name):
         self.name = name
@@ -52,13 +71,16 @@ class NameLock:
 class _ConnectionLock(NameLock):
     """A lock held by a database session of its own."""
 
-    acquire_sql = verify_sql = release_sql = ""
+    acquire_sql = verify_sql = release_sql = holder_sql = session_sql = end_session_sql = ""
+    session_setup = ()
 
     def __init__(self, name, alias):
         super().__init__(name)
         self.alias = alias
         self.key = self.lock_key(name)
         self._connection = None
+        self._session = None  # the session that holds (or last held) the lock
+        self._lost = False
 
     def lock_key(self, name):
         raise NotImplementedError
@@ -66,35 +88,69 @@ class _ConnectionLock(NameLock):
     def try_acquire(self):
         if self._connection is None:
             self._connection = connections.create_connection(self.alias)
-        return self._scalar(self.acquire_sql) == 1
+            with deadline.guard(self._connection, "setting up the name lock's session"):
+                self._connection.ensure_connection()
+                self._connection.set_autocommit(True)
+                for statement in self.session_setup:
+                    try:
+                        with self._connection.cursor() as cursor:
+                            cursor.execute(statement)
+                    except DatabaseError:  # an older server without it: best effort
+                        pass
+        if self._scalar(self.acquire_sql, [self.key]) != 1:
+            return False
+        self._session = self._scalar(self.session_sql)
+        return True
 
     def ensure(self):
+        """Check the lock is held; if it was lost with its connection, take it
+        again. Raises `NameLost` when another process holds it now, and the
+        database error when the database cannot be reached."""
         try:
-            if self._scalar(self.verify_sql) == 1:
+            if self._scalar(self.verify_sql, [self.key]) == 1:
                 return True
         except Exception:  # noqa: BLE001 - a dead connection: reconnect below
             pass
         self._drop_connection()
-        logger.warning(
-            "worker %s: the lock on its name was lost with its connection; taking it again",
-            self.name,
-            extra={"action": "name_lock_lost", "worker": self.name},
+        if not self._lost:
+            events.announce("name_lock_lost", worker=self.name)
+            self._lost = True
+        if not self.try_acquire():
+            holder = self._scalar(self.holder_sql, [self.key])
+            if holder is None or holder != self._session:
+                raise NameLost(
+                    f"worker name {self.name!r} was taken by another process while this "
+                    f"worker's lock was lost: exiting so that the name has one live holder"
+                )
+            # Our own session from before the loss, not yet found dead by the
+            # server: end it and take the lock now.
+            self._scalar(self.end_session_sql, [holder[0] if isinstance(holder, tuple) else holder])
+            if not self.try_acquire():
+                return False  # the session is still ending: try again next check
+        self._lost = False
+        return True
+        raise NameLost(
+            f"worker name {self.name!r} was taken by another process while this worker's "
+            f"lock was lost: exiting so the name has one live holder"
         )
-        return self.try_acquire()
 
     def release(self):
         if self._connection is None:
             return
         try:
-            self._scalar(self.release_sql)
+            self._scalar(self.release_sql, [self.key])
         except Exception:  # noqa: BLE001 - closing the session releases it anyway
             pass
         self._drop_connection()
 
-    def _scalar(self, sql):
-        with self._connection.cursor() as cursor:
-            cursor.execute(sql, [self.key])
-            return cursor.fetchone()[0]
+    def _scalar(self, sql, params=()):
+        with deadline.guard(self._connection, "checking the name lock"):
+            with self._connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+        if row is None:
+            return None
+        return row[0] if len(row) == 1 else tuple(row)
 
     def _drop_connection(self):
         if self._connection is not None:
@@ -114,6 +170,20 @@ class AdvisoryLock(_ConnectionLock):
         "AND pid = pg_backend_pid() AND ((classid::bigint << 32) | objid::bigint) = %s"
     )
     release_sql = "SELECT CASE WHEN pg_advisory_unlock(%s) THEN 1 ELSE 0 END"
+    # A session is its backend pid and start time (pids are reused).
+    session_sql = "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+    holder_sql = (
+        "SELECT a.pid, a.backend_start FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+        "WHERE l.locktype = 'advisory' AND l.granted "
+        "AND ((l.classid::bigint << 32) | l.objid::bigint) = %s"
+    )
+    end_session_sql = "SELECT pg_terminate_backend(%s)"
+    session_setup = (
+        f"SET tcp_keepalives_idle = {KEEPALIVE_IDLE}",
+        f"SET tcp_keepalives_interval = {KEEPALIVE_INTERVAL}",
+        f"SET tcp_keepalives_count = {KEEPALIVE_COUNT}",
+        f"SET idle_session_timeout = '{IDLE_SESSION_TIMEOUT}s'",
+    )
 
     def lock_key(self, name):
         digest = hashlib.sha256(f"everystep-worker:{name}".encode()).digest()
@@ -127,6 +197,10 @@ class MySQLLock(_ConnectionLock):
     acquire_sql = "SELECT GET_LOCK(%s, 0)"
     verify_sql = "SELECT IS_USED_LOCK(%s) = CONNECTION_ID()"
     release_sql = "SELECT RELEASE_LOCK(%s)"
+    session_sql = "SELECT CONNECTION_ID()"
+    holder_sql = "SELECT IS_USED_LOCK(%s)"
+    end_session_sql = "KILL CONNECTION %s"
+    session_setup = (f"SET SESSION wait_timeout = {IDLE_SESSION_TIMEOUT}",)
 
     def lock_key(self, name):
         return "everystep:" + hashlib.sha256(name.encode()).hexdigest()[:48]

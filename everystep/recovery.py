@@ -12,7 +12,7 @@ import uuid
 from django.db import transaction
 from django.utils import timezone
 
-from everystep import serde
+from everystep import serde, store
 from everystep.errors import EverystepError, StepFailure
 from everystep.models import Step, Workflow
 
@@ -59,8 +59,10 @@ def resolve_step(workflow_id, step_id, *, result=_UNSET, error=None, discard=Fal
             step.error = serde.encode_exception(StepFailure(error)) if error is not None else None
             step.finished_at = timezone.now()
             step.save(update_fields=["status", "result", "error", "finished_at"])
-        Workflow.objects.filter(id=run.id).update(
-            status=Workflow.Status.SCHEDULED,
+        store.transition(
+            [run.id],
+            Workflow.Status.BLOCKED,
+            Workflow.Status.SCHEDULED,
             claimed_by=None,
             claim_token=None,
             claimed_at=None,

@@ -4,13 +4,21 @@ A lost connection, a server restart, a deadlock, a serialization failure or a
 lock-wait timeout says nothing about the run: the engine retries the write
 with backoff instead of failing the run. Anything else (a data error, a
 missing table, a bug) is not transient and propagates.
+
+Each attempt runs under the engine's deadline (`everystep.deadline`), so a
+database that went silent fails the attempt instead of hanging it. An
+outage is announced once, when the first operation fails, and its end once,
+when one succeeds again, however many threads retry in between.
 """
 
 import logging
 import random
+import threading
 import time
 
-from django.db import InterfaceError, OperationalError, connection
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connection, connections
+
+from everystep import deadline, events
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +32,23 @@ _PG_TRANSIENT_PREFIXES = ("08", "40", "53", "57P", "55P03")
 _MYSQL_TRANSIENT_CODES = {1040, 1053, 1205, 1213, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
 
 MAX_BACKOFF = 5.0
+
+# Errors that say the settings are wrong rather than the database away: a
+# bad password or user (SQLSTATE class 28), an unknown database (3D000);
+# MySQL's access denied (1044, 1045, 1698), unknown database (1049),
+# unknown host (2005). Connection failures without a code are told by their
+# message.
+_PG_CONFIGURATION_PREFIXES = ("28", "3D000")
+_MYSQL_CONFIGURATION_CODES = {1044, 1045, 1049, 1698, 2005}
+_CONFIGURATION_MESSAGES = (
+    "password authentication failed",
+    "no password supplied",
+    "does not exist",
+    "could not translate host name",
+    "name or service not known",
+    "nodename nor servname",
+    "no such host",
+)
 
 
 def is_transient(exc):
@@ -45,6 +70,50 @@ def is_transient(exc):
     return "database is locked" in message or "disk i/o error" in message
 
 
+def is_configuration_error(exc):
+    """Whether `exc` says the database settings cannot work (a wrong password,
+    an unknown user, database or host) rather than that it is unreachable.
+    Worth retrying only once a connection has worked: then a DNS failure is
+    an outage."""
+    if not isinstance(exc, OperationalError | InterfaceError):
+        return False
+    cause = exc.__cause__ or exc
+    sqlstate = getattr(cause, "sqlstate", None)
+    if sqlstate is not None:
+        return sqlstate.startswith(_PG_CONFIGURATION_PREFIXES)
+    code = cause.args[0] if cause.args else None
+    if isinstance(code, int):
+        return code in _MYSQL_CONFIGURATION_CODES
+    message = str(cause).lower()
+    return any(text in message for text in _CONFIGURATION_MESSAGES)
+
+
+class _Outage:
+    """Whether this process sees the database as unreachable, and since when."""
+
+    def __init__(self):
+        self.since = None
+        self._lock = threading.Lock()
+
+    def failed(self, what, exc):
+        with self._lock:
+            if self.since is not None:
+                return
+            self.since = time.monotonic()
+        events.announce("db_outage", what=what, error=one_line(exc))
+
+    def succeeded(self):
+        if self.since is None:
+            return
+        with self._lock:
+            since, self.since = self.since, None
+        if since is not None:
+            events.announce("db_recovered", seconds=time.monotonic() - since)
+
+
+outage = _Outage()
+
+
 def reset_connection():
     """Drop this thread's connection so the next query opens a fresh one."""
     try:
@@ -61,34 +130,46 @@ def backoff_delays(first=0.05, cap=MAX_BACKOFF):
         delay = min(delay * 2, cap)
 
 
-def retrying(operation, *, what, should_stop=None):
+def retrying(operation, *, what, should_stop=None, fatal=None):
     """Call ``operation(attempt)`` until it returns, retrying transient
-    database errors with backoff; `attempt` counts from 1.
+    database errors with backoff; `attempt` counts from 1. Each attempt is
+    under the engine's deadline on this thread's connection.
 
-    `what` names the write in the log. `should_stop`, when given, is asked
-    before each retry: if it returns true the last error is raised.
+    `what` names the operation in the log. `should_stop`, when given, is
+    asked before each retry: if it returns true the last error is raised;
+    so is an error for which `fatal(error)` is true.
     """
     delays = backoff_delays()
     attempt = 1
     while True:
         try:
-            return operation(attempt)
+            with deadline.guard(connections[DEFAULT_DB_ALIAS], what):
+                result = operation(attempt)
         except Exception as exc:
-            if not is_transient(exc) or (should_stop is not None and should_stop()):
+            if (
+                not is_transient(exc)
+                or (fatal is not None and fatal(exc))
+                or (should_stop is not None and should_stop())
+            ):
                 raise
+            outage.failed(what, exc)
             delay = next(delays)
-            logger.warning(
+            logger.debug(
                 "database unavailable while %s (attempt %d), retrying in %.2fs: %s",
                 what,
                 attempt,
                 delay,
-                _one_line(exc),
+                one_line(exc),
                 extra={"action": "db_retry"},
             )
             reset_connection()
             time.sleep(delay)
             attempt += 1
+        else:
+            outage.succeeded()
+            return result
 
 
-def _one_line(exc):
+def one_line(exc):
+    """An exception's message on one line, for a log or an error."""
     return " ".join(str(exc).split()) or type(exc).__name__

@@ -22,7 +22,7 @@ import time
 from django.db import connections
 from django.utils import timezone
 
-from everystep import context, registry, retry, serde, store
+from everystep import context, events, registry, retry, serde, store
 from everystep.errors import (
     ClaimLost,
     DrainOrphan,
@@ -67,21 +67,21 @@ def execute(claimed, draining=None):
                 _guarded(lambda attempt: store.load_outcomes(run.workflow_id), "loading steps")
             )
         body = registry.get(run.workflow_name)
-        if body is None:
-            raise EverystepError(
-                f"workflow {run.workflow_name} is not registered in this worker: "
-                f"import the module that defines it"
-            )
+        if body is None:  # parked by an earlier deploy that had it
+            return _release(run)
         with context.activated(context.Context(run)):
             result = body(*claimed.args)
         serde.check_size(f"the result of run {run.workflow_id}", serde.encode(result))
     except Terminal as exc:
         return _finish(run, Status.STOPPED, started, error=serde.encode_exception(exc))
     except EffectUncertain as exc:
-        logger.warning("run %s blocked: %s", run.workflow_id, exc, extra={"action": "run_blocked"})
         return _finish(run, Status.BLOCKED, started, error=serde.encode_exception(exc))
     except DrainOrphan:
-        return _requeue(run)
+        if not _move(run, Status.SCHEDULED, "requeuing"):
+            return _lost(run)
+        reason = f"at a step boundary: worker {run.worker} is draining"
+        events.announce("run_requeued", run_id=run.workflow_id, worker=run.worker, reason=reason)
+        return Status.SCHEDULED
     except SimulatedCrash:
         return Status.RUNNING
     except ClaimLost:
@@ -167,75 +167,96 @@ def refuse_inside_transaction(what):
 
 def _record(run, step, status, result, error, *, update):
     """Write a step's outcome (or its ``started`` row), fenced and retried;
-    raise `ClaimLost` if the run is no longer this runner's."""
+    raise `ClaimLost` if the run is no longer this runner's. A retry after a
+    lost reply finds out whether the first write had landed."""
+    step_id = step["step_id"]
 
     def write(attempt):
         if update:
-            return store.complete_started_step(run, step["step_id"], status, result, error)
-        landed = store.record_step(run, status=status, result=result, error=error, **step)
-        if landed is None:  # the row is there: ours if this is a retry
-            return attempt > 1
-        return landed
+            landed = store.complete_started_step(run, step_id, status, result, error)
+        else:
+            landed = store.record_step(run, status=status, result=result, error=error, **step)
+        if not landed and attempt > 1:
+            return store.step_recorded(run, step_id, status)
+        return bool(landed)
 
-    if not _guarded(write, f"recording step {step['step_id']} of run {run.workflow_id}"):
-        raise ClaimLost(run.workflow_id, step["step_id"])
+    if not _guarded(write, f"recording step {step_id} of run {run.workflow_id}"):
+        raise ClaimLost(run.workflow_id, step_id)
+
+
+def fail_crashed(claimed, exc, should_stop=None):
+    """Mark a claimed run that died outside the runner (an error of the
+    engine's own) ``failed`` with the encoded exception. Returns whether it
+    landed; raises the last database error if `should_stop` gives up."""
+    run = context.RunState(claimed.id, claimed.name, claimed.claim_token, claimed.claimed_by)
+    events.announce(
+        "run_crashed",
+        exc_info=(type(exc), exc, exc.__traceback__),
+        run_id=run.workflow_id,
+        workflow=run.workflow_name,
+        worker=run.worker,
+    )
+    return _move(run, Status.FAILED, "failing", should_stop, error=serde.encode_exception(exc))
+
+
+def requeue_claimed(claimed, should_stop=None):
+    """Put a claimed run back to ``scheduled`` (the drain deadline passed
+    with its step still running). Returns whether it landed."""
+    run = context.RunState(claimed.id, claimed.name, claimed.claim_token, claimed.claimed_by)
+    if not _move(run, Status.SCHEDULED, "requeuing", should_stop):
+        return False
+    reason = "at the drain deadline while its step was still running"
+    events.announce("run_requeued", run_id=run.workflow_id, worker=run.worker, reason=reason)
+    return True
 
 
 def _finish(run, status, started, *, result=None, error=None):
-    landed = retry.retrying(
-        lambda attempt: store.finish_run(run, status, result=result, error=error),
-        what=f"finishing run {run.workflow_id}",
-    )
-    if not landed:
+    if not _move(run, status, "finishing", result=result, error=error):
         return _lost(run)
-    log = logger.info if status == Status.COMPLETED else logger.warning
-    log(
-        "run %s %s %s in %.0f ms%s",
-        run.workflow_id,
-        run.workflow_name,
-        status,
-        (time.monotonic() - started) * 1000,
-        f": {error['type']}: {error['message']}" if error else "",
-        extra={"action": f"run_{status}", "run_id": str(run.workflow_id), "worker": run.worker},
+    events.announce(
+        "run_finished",
+        level=events.INFO if status == Status.COMPLETED else events.WARNING,
+        run_id=run.workflow_id,
+        workflow=run.workflow_name,
+        worker=run.worker,
+        status=status,
+        millis=(time.monotonic() - started) * 1000,
+        reason=f": {error['type']}: {error['message']}" if error else "",
     )
     return status
 
 
-def _requeue(run):
-    requeued = retry.retrying(
-        lambda attempt: store.requeue_run(run), what=f"requeuing run {run.workflow_id}"
-    )
-    if not requeued:
+def _release(run):
+    """Give back a run of a workflow this process does not have."""
+    if not _move(run, Status.SCHEDULED, "releasing"):
         return _lost(run)
-    logger.info(
-        "run %s requeued at a step boundary: worker %s is draining",
-        run.workflow_id,
-        run.worker,
-        extra={"action": "run_requeued", "run_id": str(run.workflow_id), "worker": run.worker},
+    events.announce(
+        "run_released", run_id=run.workflow_id, workflow=run.workflow_name, worker=run.worker
     )
     return Status.SCHEDULED
 
 
+def _move(run, status, verb, should_stop=None, **fields):
+    """The one way an attempt moves its run out of ``running``: fenced on its
+    claim, retried through outages; after a lost reply, a retry reads back
+    whether the move had landed. Returns whether it did."""
+
+    def write(attempt):
+        if store.move_claimed(run, status, **fields):
+            return True
+        return attempt > 1 and store.has_moved(run, status)
+
+    return retry.retrying(write, what=f"{verb} run {run.workflow_id}", should_stop=should_stop)
+
+
 def _lost(run):
-    """Log why this attempt's writes were refused: the run's row is gone, or
-    another runner owns it now. Returns None."""
+    """Announce why this attempt's writes were refused: the run's row is
+    gone, or another runner owns it now. Returns None."""
     try:
         vanished = not store.run_exists(run.workflow_id)
     except Exception:  # noqa: BLE001 - only the wording of the log depends on it
         vanished = False
-    if vanished:
-        logger.warning(
-            "run %s vanished while it ran (its row was deleted); skipped",
-            run.workflow_id,
-            extra={"action": "run_vanished", "run_id": str(run.workflow_id)},
-        )
-    else:
-        logger.warning(
-            "run %s: this runner lost its claim (requeued or claimed elsewhere); "
-            "its late writes were dropped",
-            run.workflow_id,
-            extra={"action": "claim_lost", "run_id": str(run.workflow_id)},
-        )
+    events.announce("run_vanished" if vanished else "claim_lost", run_id=run.workflow_id)
     return None
 
 

@@ -18,7 +18,7 @@ from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections,
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from everystep import serde
+from everystep import registry, serde
 from everystep.models import Step, Workflow
 
 RUNNING = Workflow.Status.RUNNING
@@ -58,22 +58,28 @@ def insert_run(name, args, idempotency_key=None):
     return Workflow.objects.get(name=name, idempotency_key=idempotency_key)
 
 
-def claim(worker_name, limit, *, only_parked=False, exclude=()):
+def claim(worker_name, limit, workflows=None, *, only_parked=False, exclude=()):
     """Claim up to `limit` runs for `worker_name` in one transaction, oldest
     first, and return them as `ClaimedRun`s with a fresh claim token.
 
-    Normally this takes ``scheduled`` runs; with `only_parked` it takes back
-    the ``running`` runs already claimed under `worker_name` (the startup
-    catchup after a crash), except those in `exclude` (the ones in flight).
-    Concurrent claimers never take the same run.
+    Only runs of the `workflows` named (default: those registered in this
+    process) are taken: a run of a workflow this worker does not have waits
+    for one that has it (a rolling deploy). Normally this takes
+    ``scheduled`` runs; with `only_parked` it takes back the ``running``
+    runs already claimed under `worker_name` (the startup catchup after a
+    crash, or a claim whose reply was lost), except those in `exclude` (the
+    ones in flight). Concurrent claimers never take the same run.
     """
-    if limit <= 0:
+    workflows = registry.names() if workflows is None else list(workflows)
+    if limit <= 0 or not workflows:
         return []
     token = uuid.uuid4()
     now = timezone.now()
     if not only_parked and connection.vendor == "postgresql":
-        return _claim_in_one_statement(worker_name, limit, token, now)
-    candidates = Workflow.objects.filter(status=RUNNING if only_parked else SCHEDULED)
+        return _claim_in_one_statement(worker_name, limit, workflows, token, now)
+    candidates = Workflow.objects.filter(
+        status=RUNNING if only_parked else SCHEDULED, name__in=workflows
+    )
     if only_parked:
         candidates = candidates.filter(claimed_by=worker_name).exclude(id__in=list(exclude))
     # Whether a run has steps comes with the claim, so a first attempt skips
@@ -98,20 +104,21 @@ def claim(worker_name, limit, *, only_parked=False, exclude=()):
     return [ClaimedRun(*row[:3], token, worker_name, *row[3:]) for row in rows]
 
 
-def _claim_in_one_statement(worker_name, limit, token, now):
+def _claim_in_one_statement(worker_name, limit, workflows, token, now):
     # 'scheduled' is written into the statement, not bound: a prepared
     # statement's generic plan can then still use the partial claim index.
     sql = """
         UPDATE everystep_workflow
            SET status = %s, claimed_by = %s, claim_token = %s, claimed_at = %s
          WHERE id IN (SELECT id FROM everystep_workflow
-                       WHERE status = 'scheduled' ORDER BY created_at LIMIT %s
+                       WHERE status = 'scheduled' AND name = ANY(%s)
+                       ORDER BY created_at LIMIT %s
                        FOR UPDATE SKIP LOCKED)
      RETURNING id, name, args,
                EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [RUNNING, worker_name, token, now, limit])
+        cursor.execute(sql, [RUNNING, worker_name, token, now, workflows, limit])
         rows = cursor.fetchall()
     runs = [
         ClaimedRun(id, name, _decode_json(args), token, worker_name, has_steps)
@@ -186,39 +193,77 @@ def complete_started_step(run, step_id, status, result, error):
         return cursor.rowcount == 1
 
 
-def finish_run(run, status, *, result=None, error=None):
-    """Move the run to a terminal `status`, fenced. Returns whether it landed."""
-    updated = _fenced(run).update(
-        status=status, result=result, error=error, completed_at=timezone.now()
-    )
-    return updated == 1
+# Every status change there is, as (from, to): the one place that says
+# how a run may move. A fenced change also needs the mover's claim token.
+TRANSITIONS = {
+    (RUNNING, Workflow.Status.COMPLETED): "the runner finished the run",
+    (RUNNING, Workflow.Status.FAILED): "the run failed",
+    (RUNNING, Workflow.Status.STOPPED): "a step raised Terminal",
+    (RUNNING, Workflow.Status.BLOCKED): "an unsafe step's outcome is uncertain",
+    (RUNNING, SCHEDULED): "requeued: drained, released or recovered by an operator",
+    (Workflow.Status.BLOCKED, SCHEDULED): "an operator resolved its uncertain step",
+}
 
 
-def requeue_run(run):
-    """Put the run back to ``scheduled`` with its claim released, fenced.
+def transition(run_ids, from_status, to_status, *, fenced_on=None, **fields):
+    """Move the runs `run_ids` from `from_status` to `to_status`, setting
+    `fields` too, in one guarded UPDATE; with `fenced_on` (a claim token),
+    only while the run is still held under that claim. Returns how many moved.
+
+    Leaving ``running`` releases the claim (``claimed_by``, ``claimed_at``)
+    but keeps the token, so a retried write can tell that it had landed.
+    """
+    if (from_status, to_status) not in TRANSITIONS:
+        raise ValueError(f"a run does not go from {from_status} to {to_status}")
+    if from_status == RUNNING and to_status == SCHEDULED:
+        fields = {"claimed_by": None, "claimed_at": None, **fields}
+    if to_status in Workflow.TERMINAL:
+        fields.setdefault("completed_at", timezone.now())
+    runs = Workflow.objects.filter(id__in=run_ids, status=from_status)
+    if fenced_on is not None:
+        runs = runs.filter(claim_token=fenced_on)
+    return runs.update(status=to_status, **fields)
+
+
+def move_claimed(run, to_status, **fields):
+    """Move the claimed `run` out of ``running``, fenced on its claim.
     Returns whether it landed."""
-    return _fenced(run).update(**_RELEASED) == 1
+    moved = transition([run.workflow_id], RUNNING, to_status, fenced_on=run.claim_token, **fields)
+    return moved == 1
 
 
-def requeue_runs(workflow_ids=None, *, claimed_by=None):
-    """Operator recovery: put ``running`` runs (by id, or all claimed by a
-    worker name) back to ``scheduled``. Returns the ids requeued."""
+def has_moved(run, to_status):
+    """Whether a fenced move of `run` to `to_status` is what the store
+    shows: after a write whose reply was lost, it tells whether it landed."""
+    return Workflow.objects.filter(
+        id=run.workflow_id, status=to_status, claim_token=run.claim_token
+    ).exists()
+
+
+def step_recorded(run, step_id, status):
+    """Whether the step `step_id` of `run` is recorded with `status` while
+    the run is still this claim's: a lost reply's write had landed."""
+    return Step.objects.filter(
+        workflow_id=run.workflow_id,
+        step_id=step_id,
+        status=status,
+        workflow__status=RUNNING,
+        workflow__claim_token=run.claim_token,
+    ).exists()
+
+
+def requeue_runs(run_ids=None, *, claimed_by=None):
+    """Operator recovery: put ``running`` runs (by id, or every one claimed
+    under a worker name) back to ``scheduled``. Returns the ids requeued."""
     runs = Workflow.objects.filter(status=RUNNING)
-    if workflow_ids is not None:
-        runs = runs.filter(id__in=workflow_ids)
+    if run_ids is not None:
+        runs = runs.filter(id__in=run_ids)
     if claimed_by is not None:
         runs = runs.filter(claimed_by=claimed_by)
     with transaction.atomic():
         ids = list(runs.select_for_update().values_list("id", flat=True))
-        Workflow.objects.filter(id__in=ids, status=RUNNING).update(**_RELEASED)
+        transition(ids, RUNNING, SCHEDULED)
     return ids
-
-
-_RELEASED = {"status": SCHEDULED, "claimed_by": None, "claim_token": None, "claimed_at": None}
-
-
-def _fenced(run):
-    return Workflow.objects.filter(id=run.workflow_id, status=RUNNING, claim_token=run.claim_token)
 
 
 def _fence_params(db, run):

@@ -113,13 +113,22 @@ def test_changed_code_at_a_recorded_id_fails_the_run_with_workflow_code_error(ca
     assert calls["echo"] == 0
 
 
-def test_a_run_of_a_workflow_nobody_registered_fails_with_a_clear_error():
+def test_a_run_of_a_workflow_this_process_does_not_have_waits_for_one_that_has_it():
     run = schedule(workflows.add_twice, 1, 2)
-    Workflow.objects.filter(id=run.id).update(name="gone.module.workflow")
-    attempt()
+    Workflow.objects.filter(id=run.id).update(name="newer.module.workflow")
+    assert store.claim(WORKER, 8) == []
+    assert len(store.claim(WORKER, 8, ["newer.module.workflow"])) == 1
     run.refresh_from_db()
-    assert run.status == Workflow.Status.FAILED
-    assert "not registered" in run.error["message"]
+    assert (run.status, run.claimed_by) == (Workflow.Status.RUNNING, WORKER)
+
+
+def test_a_parked_run_of_a_workflow_this_process_does_not_have_is_released_not_failed():
+    run = schedule(workflows.add_twice, 1, 2)
+    Workflow.objects.filter(id=run.id).update(name="older.module.workflow")
+    (parked,) = store.claim(WORKER, 1, ["older.module.workflow"])
+    assert runner.execute(parked) == Workflow.Status.SCHEDULED
+    run.refresh_from_db()
+    assert (run.status, run.claimed_by, run.error) == (Workflow.Status.SCHEDULED, None, None)
 
 
 def first_attempt_loads():

@@ -1,64 +1,37 @@
+import dataclasses
 import logging
 import os
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from everystep.worker import NameHeld, Worker, default_name
+from everystep import options
+from everystep.errors import ConfigurationError
+from everystep.worker import NameHeld, NameLost, Worker
 
 
 class Command(BaseCommand):
     help = (
         "Run a worker: claim scheduled workflow runs and execute them on a thread pool. "
-        "SIGTERM or SIGINT drains it: in-flight runs are requeued at their next step."
+        "SIGTERM or SIGINT drains it: in-flight runs are requeued at their next step. "
+        "Each flag falls back to the EVERYSTEP_* variable named in its help."
     )
     requires_system_checks = []
 
     def add_arguments(self, parser):
-        parser.add_argument(
-            "--pool", type=int, default=4, help="runs in flight at most (default 4)"
-        )
-        parser.add_argument(
-            "--poll", type=float, default=0.2, help="seconds between claims when idle (default 0.2)"
-        )
-        parser.add_argument(
-            "--name",
-            default=None,
-            help="unique, stable worker name (default: EVERYSTEP_NAME, DYNO, then the hostname)",
-        )
-        parser.add_argument(
-            "--drain",
-            type=float,
-            default=30,
-            help="seconds to wait for in-flight steps on shutdown; 0 waits forever (default 30)",
-        )
-        parser.add_argument(
-            "--no-catchup",
-            action="store_true",
-            help="do not resume runs parked under this name by a crashed process",
-        )
-        parser.add_argument(
-            "--no-notify",
-            action="store_true",
-            help="poll only; do not LISTEN for new runs (PostgreSQL behind PgBouncer in "
-            "transaction mode)",
-        )
+        options.add_arguments(parser)
 
-    def handle(self, pool, poll, name, drain, no_catchup, no_notify, **options):
+    def handle(self, **flags):
+        from everystep_config.worker import worker_variables
+
         try:
-            worker = Worker(
-                pool_size=pool,
-                poll=poll,
-                name=name or default_name(),
-                drain=drain,
-                catchup=not no_catchup,
-                notify=not no_notify,
-            )
-        except ValueError as exc:
+            resolved = options.resolve(flags, worker_variables(os.environ))
+        except options.OptionError as exc:
             raise CommandError(str(exc), returncode=2) from None
+        worker = Worker(**dataclasses.asdict(resolved))
         try:
             worker.run()
-        except NameHeld as exc:
+        except (NameHeld, NameLost, ConfigurationError) as exc:
             raise CommandError(str(exc), returncode=2) from None
         if worker.abandoned:
             # Steps still running on daemon threads were requeued; exit now

@@ -1,0 +1,201 @@
+"""A worker's options, each defined once: its flag, its environment
+variable, its default, its validation and its help.
+
+`Worker` validates with `WorkerOptions`; ``manage.py everystep_worker`` and
+the ``everystep worker`` command add the same flags with `add_arguments` and
+resolve them with `resolve`, a flag winning over its variable and the
+variable over the default. The library reads no environment itself: the
+caller hands `resolve` the variables it read (see ``everystep_config``).
+"""
+
+import argparse
+import dataclasses
+import math
+
+#: The longest worker name the ``claimed_by`` column holds.
+MAX_NAME_LENGTH = 255
+
+
+class OptionError(ValueError):
+    """An option's value cannot be used; the message names the flag or the
+    variable it came from and what is wrong with it."""
+
+
+def _number(kind, minimum, *, above=False):
+    noun = "whole number" if kind is int else "number"
+
+    def parse(value):
+        try:
+            number = kind(value)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"is not a {noun}") from None
+        if kind is float and not math.isfinite(number):
+            raise ValueError("must be a finite number")
+        if number < minimum or (above and number == minimum):
+            raise ValueError(f"must be {'>' if above else '>='} {minimum}")
+        return number
+
+    return parse
+
+
+def _boolean(value):
+    if isinstance(value, bool):
+        return value
+    lowered = str(value).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("is not a boolean: use true or false")
+
+
+def _name(value):
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("must be a non-empty name")
+    if len(value) > MAX_NAME_LENGTH:
+        raise ValueError(f"is {len(value)} characters long; a worker name has at most 255")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One worker option: `field` of `WorkerOptions`, its `flag` and
+    `variable`, how to `parse` a value (raising ValueError with the reason),
+    and its `help`. A `negation` flag (``--no-catchup``) sets it false."""
+
+    field: str
+    flag: str
+    variable: str
+    parse: object
+    help: str
+    negation: str | None = None
+
+
+OPTIONS = (
+    Option("pool_size", "--pool", "EVERYSTEP_POOL", _number(int, 1), "runs in flight at most"),
+    Option(
+        "poll",
+        "--poll",
+        "EVERYSTEP_POLL",
+        _number(float, 0, above=True),
+        "seconds between claims when idle",
+    ),
+    Option(
+        "name",
+        "--name",
+        "EVERYSTEP_NAME",
+        _name,
+        "unique, stable worker name (default: DYNO, then the hostname)",
+    ),
+    Option(
+        "drain",
+        "--drain",
+        "EVERYSTEP_DRAIN",
+        _number(float, 0),
+        "seconds to finish in-flight steps on SIGTERM; 0 waits forever",
+    ),
+    Option(
+        "catchup",
+        "--catchup",
+        "EVERYSTEP_CATCHUP",
+        _boolean,
+        "resume the runs a crashed process left parked under this name",
+        negation="--no-catchup",
+    ),
+    Option(
+        "notify",
+        "--notify",
+        "EVERYSTEP_NOTIFY",
+        _boolean,
+        "on PostgreSQL, wake with LISTEN/NOTIFY (off behind PgBouncer's transaction pooling)",
+        negation="--no-notify",
+    ),
+    Option(
+        "db_deadline",
+        "--db-deadline",
+        "EVERYSTEP_DB_DEADLINE",
+        _number(float, 1),
+        "seconds any one of the worker's own database operations may take before its "
+        "connection is given up as silent",
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerOptions:
+    """A worker's validated options; raises `OptionError` on a bad value."""
+
+    pool_size: int = 4
+    poll: float = 0.2
+    name: str | None = None
+    drain: float = 30.0
+    catchup: bool = True
+    notify: bool = True
+    db_deadline: float = 10.0
+
+    def __post_init__(self):
+        for option in OPTIONS:
+            value = getattr(self, option.field)
+            if value is None:
+                continue
+            try:
+                option.parse(value)
+            except ValueError as exc:
+                raise OptionError(f"{option.field}={value!r} {exc}") from None
+
+
+DEFAULTS = WorkerOptions()
+
+
+def add_arguments(parser):
+    """Add every option's flag to an argparse `parser`, naming its variable
+    and default in the help. Flags default to None: `resolve` fills them in."""
+    for option in OPTIONS:
+        default = getattr(DEFAULTS, option.field)
+        shown = f"{option.variable}, default {default}" if default is not None else option.variable
+        if option.negation is not None:
+            parser.add_argument(
+                option.flag,
+                dest=option.field,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"{option.help} ({shown})",
+            )
+        else:
+            parser.add_argument(
+                option.flag,
+                dest=option.field,
+                type=str,
+                default=None,
+                metavar=option.variable.removeprefix("EVERYSTEP_"),
+                help=f"{option.help} ({shown})",
+            )
+
+
+def resolve(flags, variables):
+    """The `WorkerOptions` from `flags` (field → value or None, as parsed by
+    `add_arguments`) over `variables` (variable name → text, the environment
+    the caller read) over the defaults. Raises `OptionError` naming the flag
+    or variable whose value is bad."""
+    values = {}
+    for option in OPTIONS:
+        flag_value = flags.get(option.field)
+        if flag_value is not None:
+            source, value = option.flag, flag_value
+        elif variables.get(option.variable) not in (None, ""):
+            source, value = option.variable, variables[option.variable]
+        else:
+            continue
+        try:
+            values[option.field] = option.parse(value)
+        except ValueError as exc:
+            raise OptionError(_describe(option, source, value, exc)) from None
+    return WorkerOptions(**values)
+
+
+def _describe(option, source, value, reason):
+    if source == option.variable:
+        return f"{source}={value!r} {reason}"
+    return f"{source} {value!r} {reason}"
