@@ -1,12 +1,16 @@
 """The environment variables of the standalone runtime, declared once.
 
 `load(environ)` reads them into an `Environment`; a bad value raises
-`ConfigError` with one line naming the variable and what is wrong with it.
-`generate_help()` prints the table the README shows.
+`ConfigError` with one line naming the variable and what is wrong with it
+(never a password the value holds). `secrets(env)` are the strings no
+output may show. `generate_help()` prints the table the README shows.
 """
 
+import math
+import urllib.parse
+
 import environ
-from everystep_config.database import DatabaseURLError, database_settings
+from everystep_config.database import DatabaseURLError, database_settings, url_secrets
 
 DEFAULT_DATABASE_URL = "sqlite:///everystep.sqlite3"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -25,6 +29,8 @@ def _number(variable, kind, minimum, strictly=False):
             number = kind(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{variable}={value!r} is not a {noun}") from None
+        if kind is float and not math.isfinite(number):
+            raise ConfigError(f"{variable}={value!r} is not a finite number")
         if number < minimum or (strictly and number == minimum):
             relation = ">" if strictly else ">="
             raise ConfigError(f"{variable}={value!r} must be {relation} {minimum}")
@@ -148,8 +154,30 @@ def load(environ_mapping):
     try:
         database_settings(env.effective_database_url)
     except DatabaseURLError as exc:
-        raise ConfigError(f"{env.database_variable}: {exc}") from None
+        message = f"{env.database_variable}: {exc}"
+        raise ConfigError(mask(message, url_secrets(env.effective_database_url))) from None
     return env
+
+
+def secrets(env):
+    """The strings no output may show: the database URL's passwords and the
+    Sentry DSN's keys."""
+    found = url_secrets(env.effective_database_url)
+    if env.sentry_dsn:
+        try:
+            dsn = urllib.parse.urlsplit(env.sentry_dsn)
+            keys = {dsn.username or "", dsn.password or ""}
+        except ValueError:
+            keys = {env.sentry_dsn}
+        found |= {key for key in keys if key}
+    return found
+
+
+def mask(text, hidden):
+    """`text` with every string of `hidden` replaced by ``***``, the longest first."""
+    for secret in sorted(hidden, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def generate_help():

@@ -8,6 +8,7 @@ stderr; secrets never reach the output.
 """
 
 import argparse
+import math
 import os
 import sys
 import traceback
@@ -15,12 +16,36 @@ import traceback
 from everystep_runtime.errors import Failure, UsageError
 from everystep_runtime.interpreter import mismatch
 
+MAX_LIMIT = 10_000  # rows `runs` lists at most
+
 
 class Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line and exit 2."""
 
     def error(self, message):
         raise UsageError(message)
+
+
+def limit(text):
+    """`runs --limit`: a whole number from 1 to `MAX_LIMIT`."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = None
+    if number is None or not 1 <= number <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_LIMIT}")
+    return number
+
+
+def seconds(text):
+    """A duration flag: a finite number (its range is the worker's to check)."""
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds")
+    return number
 
 
 def build_parser():
@@ -35,11 +60,13 @@ def build_parser():
     worker = commands.add_parser("worker", help="run a worker; exits 0 after a clean drain")
     worker.add_argument("--pool", type=int, help="runs in flight at most (EVERYSTEP_POOL, 4)")
     worker.add_argument(
-        "--poll", type=float, help="seconds between idle claims (EVERYSTEP_POLL, 0.2)"
+        "--poll", type=seconds, help="seconds between idle claims (EVERYSTEP_POLL, 0.2)"
     )
     worker.add_argument("--name", help="unique, stable name (EVERYSTEP_NAME, DYNO, hostname)")
     worker.add_argument(
-        "--drain", type=float, help="seconds to drain on SIGTERM, 0 = forever (EVERYSTEP_DRAIN, 30)"
+        "--drain",
+        type=seconds,
+        help="seconds to drain on SIGTERM, 0 = forever (EVERYSTEP_DRAIN, 30)",
     )
     worker.add_argument(
         "--no-catchup",
@@ -57,7 +84,11 @@ def build_parser():
     schedule = commands.add_parser("schedule", help="schedule a run and print its id")
     schedule.add_argument("workflow", help="module.qualname, or a unique function name")
     schedule.add_argument(
-        "args", nargs="*", metavar="JSON_ARG", help="each positional argument, as JSON"
+        "args",
+        nargs="*",
+        metavar="JSON_ARG",
+        help="each positional argument, as JSON; - reads one from standard input and @PATH "
+        "from the file PATH (for arguments too large for a command line)",
     )
     schedule.add_argument(
         "--idempotency-key", help="return the existing run scheduled with this key"
@@ -67,7 +98,9 @@ def build_parser():
     runs.add_argument(
         "--status", choices=["scheduled", "running", "completed", "failed", "stopped", "blocked"]
     )
-    runs.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    runs.add_argument(
+        "--limit", type=limit, default=20, help=f"how many, 1 to {MAX_LIMIT} (default 20)"
+    )
     runs.add_argument("--json", action="store_true", help="one JSON array")
 
     show = commands.add_parser("show", help="one run with its recorded steps")
@@ -104,8 +137,10 @@ def main(argv=None):
     problem = mismatch()
     if problem:
         _fail(problem, 2)
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        _check_utf8(argv)
+        args = build_parser().parse_args(argv)
         if args.version:
             import everystep
 
@@ -130,6 +165,16 @@ def main(argv=None):
             traceback.print_exc()
         _fail(f"{type(exc).__name__}: {exc}", 1)
     sys.exit(code or 0)
+
+
+def _check_utf8(argv):
+    """Python decodes bytes that are not UTF-8 to lone surrogates, which no
+    database, JSON parser or log line can take: refuse them up front."""
+    for index, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"command-line argument {index} is not valid UTF-8") from None
 
 
 def _fail(message, status):

@@ -11,6 +11,9 @@ import uuid
 from django.core.management import CommandError, call_command
 from everystep_runtime.errors import Failure, UsageError
 
+# Connection options whose value is a password (psycopg, PyMySQL).
+SECRET_OPTIONS = ("password", "sslpassword", "passwd")
+
 
 def worker(env, args):
     """Run the `everystep_worker` management command with the environment's
@@ -40,7 +43,7 @@ def schedule(env, args):
         name = registry.find(args.workflow)
     except LookupError as exc:
         raise UsageError(f"{exc} (known: {', '.join(registry.names()) or 'none'})") from None
-    arguments = [_json_argument(text, index) for index, text in enumerate(args.args, 1)]
+    arguments = _json_arguments(args.args)
     try:
         run = schedule_run(registry.get(name), *arguments, idempotency_key=args.idempotency_key)
     except EverystepError as exc:
@@ -51,8 +54,6 @@ def schedule(env, args):
 def runs(env, args):
     from everystep.models import Workflow
 
-    if args.limit < 1:
-        raise UsageError("--limit must be at least 1")
     rows = Workflow.objects.order_by("-created_at")
     if args.status:
         rows = rows.filter(status=args.status)
@@ -161,9 +162,17 @@ def check(env, args):
 
 
 def manage(env, args):
+    """Django's command line, its output masked: ``diffsettings``, ``shell``
+    and the like would otherwise print the database password."""
     from django.core.management import execute_from_command_line
+    from everystep_config.environment import secrets
+    from everystep_runtime.masking import masked_output
 
-    execute_from_command_line(["everystep manage", *args.manage_args])
+    with masked_output(secrets(env) | _settings_secrets()) as mask:
+        try:
+            execute_from_command_line(["everystep manage", *args.manage_args])
+        except Exception as exc:  # noqa: BLE001 - one line, masked like the output
+            raise Failure(mask(f"{type(exc).__name__}: {exc}")) from None
 
 
 def _call(command, *args, **options):
@@ -173,6 +182,18 @@ def _call(command, *args, **options):
         if exc.returncode == 2 or command == "everystep_resolve_step":
             raise UsageError(str(exc)) from None
         raise Failure(str(exc)) from None
+
+
+def _settings_secrets():
+    """The passwords in Django's ``DATABASES``: the bundled settings' or the
+    user's own ``DJANGO_SETTINGS_MODULE``'s."""
+    from django.conf import settings
+
+    found = set()
+    for database in settings.DATABASES.values():
+        options = database.get("OPTIONS") or {}
+        found |= {database.get("PASSWORD")} | {options.get(key) for key in SECRET_OPTIONS}
+    return {secret for secret in found if isinstance(secret, str) and secret}
 
 
 def _pending_migrations():
@@ -219,11 +240,54 @@ def _run_id(text):
         raise UsageError(f"{text!r} is not a run id") from None
 
 
+def _json_arguments(texts):
+    """`schedule`'s JSON_ARGs decoded: ``-`` is read from standard input
+    (once at most), ``@PATH`` from the file PATH, any other from itself."""
+    if texts.count("-") > 1:
+        raise UsageError("only one JSON_ARG can be - (standard input)")
+    return [
+        _json_argument(_argument_text(text, index), index) for index, text in enumerate(texts, 1)
+    ]
+
+
+def _argument_text(text, index):
+    if text == "-":
+        return _utf8(sys.stdin.buffer.read(), "standard input", index)
+    if not text.startswith("@"):
+        return text
+    path = text[1:]
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except OSError as exc:
+        raise UsageError(f"argument {index}: cannot read {path!r}: {exc.strerror or exc}") from None
+    return _utf8(data, repr(path), index)
+
+
+def _utf8(data, source, index):
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"argument {index}: {source} is not valid UTF-8") from None
+
+
 def _json_argument(text, index):
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"argument {index} is not valid JSON ({exc.msg}): {text!r}") from None
+        raise UsageError(
+            f"argument {index} is not valid JSON ({exc.msg}): {_excerpt(text)}"
+        ) from None
+    except RecursionError:
+        raise UsageError(
+            f"argument {index} is nested too deeply: pass a flatter JSON value"
+        ) from None
+
+
+def _excerpt(text, length=60):
+    """`text` quoted, cut short if long: an error names the value, it does
+    not repeat a megabyte of it."""
+    return repr(text) if len(text) <= length else f"{text[:length]!r}... ({len(text)} characters)"
 
 
 def _run_fields(run):

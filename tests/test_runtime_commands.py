@@ -3,6 +3,7 @@ test database: schedule, runs, show, requeue, resolve-step, migrate, check,
 manage, worker."""
 
 import json
+import os
 import signal
 import uuid
 
@@ -18,10 +19,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def everystep(pyz, tmp_path):
-    """``everystep(*args, **env)``: run the zipapp in a scratch directory."""
+    """``everystep(*args, input=None, **env)``: run the zipapp in a scratch
+    directory, with `input` on its standard input."""
 
-    def run(*args, env=None, **variables):
-        return run_pyz(pyz, *args, env=env or workflow_environment(**variables), cwd=tmp_path)
+    def run(*args, env=None, input=None, **variables):
+        return run_pyz(
+            pyz, *args, env=env or workflow_environment(**variables), cwd=tmp_path, input=input
+        )
 
     return run
 
@@ -163,3 +167,67 @@ def test_schedule_usage_errors_are_one_line_and_exit_2(everystep):
         assert result.returncode == 2, (args, result.stderr)
         assert fragment in one_line_error(result)
     assert not Workflow.objects.exists()
+
+
+def test_runs_limit_is_from_1_to_10000(everystep):
+    for limit in ("0", "-1", "10001", "1000000000000000000000000000000"):
+        result = everystep("runs", "--limit", limit)
+        assert result.returncode == 2, (limit, result.stderr)
+        assert "from 1 to 10000" in one_line_error(result)
+    assert everystep("runs", "--limit", "10000").returncode == 0
+
+
+def test_schedule_refuses_json_nested_too_deeply_or_holding_a_nul(everystep):
+    # 100 KB: about the most one command-line argument can carry (128 KiB).
+    deepest = "[" * 50_000 + "]" * 50_000
+    for argument, fragment in [
+        (deepest, "argument 1 is nested too deeply"),
+        ("[" * 200 + "]" * 200, "nested deeper"),
+        ('"a\\u0000b"', "NUL"),
+    ]:
+        result = everystep("schedule", "quick", argument)
+        assert result.returncode == 2, (argument[:20], result.stderr[-500:])
+        assert fragment in one_line_error(result)
+    assert not Workflow.objects.exists()
+
+
+def test_arguments_that_are_not_utf8_exit_2(everystep):
+    not_utf8 = os.fsdecode(b"caf\xe9")  # as Python decodes such a byte string from argv
+    for args, fragment in [
+        (["schedule", "quick", not_utf8], "argument 3 is not valid UTF-8"),
+        (["schedule", "quick", "1", "--idempotency-key", not_utf8], "argument 5 is not"),
+        (["show", not_utf8], "argument 2 is not valid UTF-8"),
+    ]:
+        result = everystep(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert fragment in one_line_error(result)
+    assert not Workflow.objects.exists()
+
+
+def test_schedule_reads_large_arguments_from_standard_input_or_a_file(everystep, tmp_path):
+    # 1 MiB: far over what a command line can carry.
+    from_stdin, from_file = "i" * (1 << 20), "f" * (1 << 20)
+    (tmp_path / "big.json").write_text(json.dumps(from_file))
+
+    piped = everystep("schedule", "echo_values", "1", "-", input=json.dumps(from_stdin))
+    assert piped.returncode == 0, piped.stderr
+    assert Workflow.objects.get(id=piped.stdout.strip()).args == [1, from_stdin]
+    read = everystep("schedule", "echo_values", f"@{tmp_path / 'big.json'}", "2")
+    assert read.returncode == 0, read.stderr
+    assert Workflow.objects.get(id=read.stdout.strip()).args == [from_file, 2]
+
+    (tmp_path / "bad.json").write_text("{" + "x" * (1 << 20))
+    for args, fragment in [
+        (["-", "-"], "only one JSON_ARG can be -"),
+        ([f"@{tmp_path / 'missing.json'}"], f"cannot read '{tmp_path / 'missing.json'}'"),
+        ([f"@{tmp_path}"], "Is a directory"),
+        (["1", f"@{tmp_path / 'bad.json'}"], "argument 2 is not valid JSON"),
+    ]:
+        result = everystep("schedule", "echo_values", *args, input="[]")
+        assert result.returncode == 2, (args, result.stderr[-500:])
+        line = one_line_error(result)
+        assert fragment in line and len(line) < 300, line
+    assert Workflow.objects.count() == 2
+
+    usage = everystep("schedule", "--help").stdout
+    assert "standard input" in usage and "@PATH" in usage

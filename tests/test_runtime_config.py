@@ -127,6 +127,10 @@ def test_everystep_path_finds_the_workflow_modules(pyz, tmp_path):
     [
         ({"EVERYSTEP_POOL": "abc"}, "worker", "EVERYSTEP_POOL"),
         ({"EVERYSTEP_POLL": "-1"}, "worker", "EVERYSTEP_POLL"),
+        ({"EVERYSTEP_POLL": "inf"}, "worker", "EVERYSTEP_POLL='inf' is not a finite number"),
+        ({"EVERYSTEP_POLL": "nan"}, "worker", "EVERYSTEP_POLL='nan' is not a finite number"),
+        ({"EVERYSTEP_DRAIN": "inf"}, "worker", "EVERYSTEP_DRAIN='inf' is not a finite number"),
+        ({"EVERYSTEP_DRAIN": "nan"}, "worker", "EVERYSTEP_DRAIN='nan' is not a finite number"),
         ({"EVERYSTEP_DRAIN": "soon"}, "worker", "EVERYSTEP_DRAIN"),
         ({"EVERYSTEP_CATCHUP": "perhaps"}, "worker", "EVERYSTEP_CATCHUP"),
         ({"EVERYSTEP_LOG_FORMAT": "xml"}, "worker", "EVERYSTEP_LOG_FORMAT"),
@@ -135,6 +139,22 @@ def test_everystep_path_finds_the_workflow_modules(pyz, tmp_path):
             {"EVERYSTEP_DATABASE_URL": "postgres://127.0.0.1/x?prepare_threshold=soon"},
             "worker",
             "prepare_threshold",
+        ),
+        ({"EVERYSTEP_DATABASE_URL": "postgres://"}, "check", "names no database"),
+        (
+            {"EVERYSTEP_DATABASE_URL": "sqlite:///no/such/dir/db.sqlite3"},
+            "check",
+            "/no/such/dir for the SQLite file does not exist",
+        ),
+        (
+            {"EVERYSTEP_DATABASE_URL": "postgres://u@127.0.0.1/db?sslmode=bogus"},
+            "check",
+            "disable, allow, prefer, require, verify-ca, verify-full",
+        ),
+        (
+            {"EVERYSTEP_DATABASE_URL": "postgres://u@127.0.0.1/db?sslmode=require&colour=blue"},
+            "check",
+            "unknown PostgreSQL connection option 'colour'",
         ),
         ({"EVERYSTEP_WORKFLOWS": ""}, "worker", "EVERYSTEP_WORKFLOWS"),
         ({"EVERYSTEP_WORKFLOWS": ""}, "schedule", "EVERYSTEP_WORKFLOWS"),
@@ -147,9 +167,12 @@ def test_bad_configuration_exits_2_with_one_line_naming_it(
     pyz, tmp_path, variables, command, fragment
 ):
     args = [command, "quick"] if command == "schedule" else [command]
-    result = run_pyz(pyz, *args, env=workflow_environment(**variables), cwd=tmp_path)
-    assert result.returncode == 2, result.stderr
-    assert fragment in one_line_error(result)
+    result = run_pyz(pyz, *args, env=workflow_environment(**variables), cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = one_line_error(result)
+    assert fragment in line
+    if "EVERYSTEP_DATABASE_URL" in variables:
+        assert line.startswith("everystep: error: EVERYSTEP_DATABASE_URL: ")
 
 
 def test_bad_flags_exit_2_with_one_line(pyz, tmp_path):
@@ -157,10 +180,16 @@ def test_bad_flags_exit_2_with_one_line(pyz, tmp_path):
         ["worker", "--pool", "many"],
         ["worker", "--pool", "0"],
         ["worker", "--drain", "-1"],
+        ["worker", "--poll", "inf"],
+        ["worker", "--poll", "nan"],
+        ["worker", "--drain", "inf"],
+        ["worker", "--drain", "nan"],
     ):
-        result = run_pyz(pyz, *args, env=workflow_environment(), cwd=tmp_path)
+        result = run_pyz(pyz, *args, env=workflow_environment(), cwd=tmp_path, timeout=60)
         assert result.returncode == 2, (args, result.stderr)
-        one_line_error(result)
+        line = one_line_error(result)
+        if args[-1] in ("inf", "nan"):
+            assert "not a finite number" in line
 
 
 def test_passwords_and_sentry_dsns_never_reach_check_output_or_worker_logs(
@@ -184,6 +213,44 @@ def test_passwords_and_sentry_dsns_never_reach_check_output_or_worker_logs(
     wait_until(lambda: Workflow.objects.get(id=run.id).status == "failed")
     stop(worker)
     assert password not in worker.log() and sentry_key not in worker.log()
+
+
+def test_passwords_in_the_query_string_and_in_manage_output_are_masked(pyz, tmp_path):
+    password, query_password = "pa55-" + uuid.uuid4().hex, "qu3ry-" + uuid.uuid4().hex
+    short, sentry_key = "Zq9", "k3y" + uuid.uuid4().hex  # a short secret is masked too
+    secrets = (password, query_password, short, sentry_key)
+    url = (
+        f"postgres://someone:{password}@127.0.0.1:9/nowhere"
+        f"?password={query_password}&sslpassword={short}"
+    )
+    env = workflow_environment(url, SENTRY_DSN=f"http://{sentry_key}@127.0.0.1:9/42")
+
+    def shown(*args, variables=env):
+        result = run_pyz(pyz, *args, env=variables, cwd=tmp_path)
+        output = result.stdout + result.stderr
+        assert not [secret for secret in secrets if secret in output], output
+        return result
+
+    check = shown("check")
+    assert check.returncode == 1  # nothing listens on port 9
+    assert "someone:***@127.0.0.1:9/nowhere?password=***&sslpassword=***" in check.stdout
+
+    diffsettings = shown("manage", "diffsettings")
+    assert diffsettings.returncode == 0, diffsettings.stderr
+    assert "'PASSWORD': '***'" in diffsettings.stdout
+    assert "'password': '***'" in diffsettings.stdout
+
+    script = (
+        "import os, sys; from django.conf import settings; "
+        "print(settings.DATABASES['default']); print(os.environ['SENTRY_DSN'], file=sys.stderr)"
+    )
+    shell = shown("manage", "shell", "-c", script)
+    assert shell.returncode == 0, shell.stderr
+    assert "http://***@127.0.0.1:9/42" in shell.stderr
+
+    bad_url = {**env, "EVERYSTEP_DATABASE_URL": url + "&sslmode=bogus"}
+    refused = shown("check", variables=bad_url)
+    assert refused.returncode == 2 and "sslmode" in one_line_error(refused)
 
 
 def test_the_worker_refuses_an_unmigrated_server_database_and_sqlite_migrates_itself(

@@ -43,8 +43,9 @@ def workflow_environment(url=None, **variables):
     return clean_environment(**{**defaults, **variables})
 
 
-def run_pyz(pyz_path, *args, env, cwd, timeout=120):
-    """Run ``everystep.pyz ARGS`` to completion; returns the CompletedProcess."""
+def run_pyz(pyz_path, *args, env, cwd, timeout=120, input=None):
+    """Run ``everystep.pyz ARGS`` to completion, with `input` (a string) on
+    its standard input, else none; returns the CompletedProcess."""
     return subprocess.run(
         [str(pyz_path), *map(str, args)],
         env=env,
@@ -52,7 +53,8 @@ def run_pyz(pyz_path, *args, env, cwd, timeout=120):
         capture_output=True,
         text=True,
         timeout=timeout,
-        stdin=subprocess.DEVNULL,
+        input=input,
+        stdin=subprocess.DEVNULL if input is None else None,
     )
 
 
