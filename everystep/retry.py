@@ -58,11 +58,11 @@ def is_transient(exc):
     if not isinstance(exc, OperationalError):
         return False
     cause = exc.__cause__ or exc
-    sqlstate = getattr(cause, "sqlstate", None)
-    if sqlstate is not None:
-        return sqlstate.startswith(_PG_TRANSIENT_PREFIXES)
     if type(cause).__module__.startswith("psycopg"):
-        return True  # a psycopg error without SQLSTATE: the connection failed
+        sqlstate = getattr(cause, "sqlstate", None)
+        if sqlstate is None:
+            return True  # a psycopg error without SQLSTATE: the connection failed
+        return sqlstate.startswith(_PG_TRANSIENT_PREFIXES)
     code = cause.args[0] if cause.args else None
     if isinstance(code, int):
         return code in _MYSQL_TRANSIENT_CODES
@@ -79,11 +79,11 @@ def is_configuration_error(exc):
         return False
     cause = exc.__cause__ or exc
     sqlstate = getattr(cause, "sqlstate", None)
-    if sqlstate is not None:
+    if type(cause).__module__.startswith("psycopg") and sqlstate is not None:
         return sqlstate.startswith(_PG_CONFIGURATION_PREFIXES)
     code = cause.args[0] if cause.args else None
-    if isinstance(code, int):
-        return code in _MYSQL_CONFIGURATION_CODES
+    if isinstance(code, int) and code in _MYSQL_CONFIGURATION_CODES:
+        return True
     message = str(cause).lower()
     return any(text in message for text in _CONFIGURATION_MESSAGES)
 

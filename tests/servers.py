@@ -33,6 +33,9 @@ POLL_INTERVAL = 0.05
 ENV_VARS = {"postgres": "EVERYSTEP_TEST_PG_URL", "mariadb": "EVERYSTEP_TEST_MARIADB_URL"}
 FIX = "run `make test`, which installs it, or scripts/install-test-deps"
 PG_OS_USER = "everystep-test"
+# Both servers ask for a password over TCP, as production servers do, so
+# that wrong credentials can be tested.
+PASSWORD = "everystep-test-password"
 
 _lock = threading.Lock()
 _started: dict[str, DatabaseServer] = {}
@@ -149,7 +152,12 @@ def start_postgres(base_dir: Path) -> DatabaseServer:
         run_as = {"user": uid, "group": gid, "extra_groups": []}
     # --no-sync only skips initdb's own flush of a throwaway cluster; the
     # server keeps its default durability.
-    initdb = [bin_dir / "initdb", "-D", data, "--auth=trust", "-U", "everystep"]
+    password_file = base_dir / "password"
+    password_file.write_text(PASSWORD + "\n")
+    if run_as:
+        os.chown(password_file, run_as["user"], run_as["group"])
+    initdb = [bin_dir / "initdb", "-D", data, "-U", "everystep", f"--pwfile={password_file}"]
+    initdb += ["--auth-local=trust", "--auth-host=scram-sha-256"]
     initdb += ["--encoding=UTF8", "--locale=C", "--no-sync"]
     _run(initdb, base_dir, run_as)
 
@@ -157,7 +165,7 @@ def start_postgres(base_dir: Path) -> DatabaseServer:
     host = ["-h", "127.0.0.1", "-p", str(port), "-U", "everystep"]
     server = DatabaseServer(
         backend="postgres",
-        url=f"postgres://everystep@127.0.0.1:{port}/everystep",
+        url=f"postgres://everystep:{PASSWORD}@127.0.0.1:{port}/everystep",
         port=port,
         base_dir=base_dir,
         command=[
@@ -181,7 +189,7 @@ def start_postgres(base_dir: Path) -> DatabaseServer:
     )
     server.start()
     try:
-        _run([bin_dir / "createdb", *host, "everystep"], base_dir)
+        _run([bin_dir / "createdb", *host, "everystep"], base_dir, env={"PGPASSWORD": PASSWORD})
     except BaseException:
         server.stop()
         raise
@@ -191,7 +199,7 @@ def start_postgres(base_dir: Path) -> DatabaseServer:
 def start_mariadb(base_dir: Path) -> DatabaseServer:
     """Create a data dir in base_dir, start MariaDB and create the database `everystep`.
 
-    `root` connects over TCP from 127.0.0.1 without a password.
+    `root` connects over TCP from 127.0.0.1 with the password `PASSWORD`.
     """
     mariadbd, install_db, admin = _mariadb_binaries()
     base_dir = Path(base_dir)
@@ -217,13 +225,14 @@ def start_mariadb(base_dir: Path) -> DatabaseServer:
     init_file = base_dir / "init.sql"
     init_file.write_text(
         "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1';\n"
+        f"ALTER USER 'root'@'127.0.0.1' IDENTIFIED BY '{PASSWORD}';\n"
         "GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;\n"
         "CREATE DATABASE IF NOT EXISTS everystep CHARACTER SET utf8mb4;\n"
     )
     port = free_port()
     server = DatabaseServer(
         backend="mariadb",
-        url=f"mysql://root@127.0.0.1:{port}/everystep",
+        url=f"mysql://root:{PASSWORD}@127.0.0.1:{port}/everystep",
         port=port,
         base_dir=base_dir,
         command=[
@@ -392,7 +401,7 @@ def _let_others_traverse(path: Path) -> None:
             os.chmod(directory, stat.S_IMODE(mode) | stat.S_IXOTH)
 
 
-def _run(command: list, cwd: Path, run_as: dict | None = None) -> None:
+def _run(command: list, cwd: Path, run_as: dict | None = None, env: dict | None = None) -> None:
     """Run a setup command, its output appended to cwd/server.log; raise if it fails."""
     log_path = Path(cwd) / "server.log"
     with open(log_path, "ab") as log:
@@ -402,7 +411,7 @@ def _run(command: list, cwd: Path, run_as: dict | None = None) -> None:
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=cwd,
-            env=_clean_env(),
+            env={**_clean_env(), **(env or {})},
             **(run_as or {}),
         )
     if status != 0:
