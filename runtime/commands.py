@@ -252,19 +252,29 @@ def _json_arguments(texts):
 
 def _argument_text(text, index):
     if text == "-":
-        return _utf8(sys.stdin.buffer.read(), "standard input", index)
+        if sys.stdin is None:
+            raise UsageError(f"argument {index} is -, but standard input is closed")
+        return _read(sys.stdin.buffer, "standard input", index)
     if not text.startswith("@"):
         return text
     path = text[1:]
     try:
         with open(path, "rb") as file:
-            data = file.read()
+            return _read(file, repr(path), index)
     except OSError as exc:
         raise UsageError(f"argument {index}: cannot read {path!r}: {exc.strerror or exc}") from None
-    return _utf8(data, repr(path), index)
 
 
-def _utf8(data, source, index):
+def _read(file, source, index):
+    """The text of `file`, up to the most a stored record can hold."""
+    from everystep.serde import MAX_RECORD_BYTES
+
+    data = file.read(MAX_RECORD_BYTES + 1)
+    if len(data) > MAX_RECORD_BYTES:
+        raise UsageError(
+            f"argument {index}: {source} holds more than {MAX_RECORD_BYTES // 1048576} MiB, "
+            "the most a run's arguments can take: store large data elsewhere and pass a reference"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

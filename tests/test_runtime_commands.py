@@ -217,7 +217,10 @@ def test_schedule_reads_large_arguments_from_standard_input_or_a_file(everystep,
     assert Workflow.objects.get(id=read.stdout.strip()).args == [from_file, 2]
 
     (tmp_path / "bad.json").write_text("{" + "x" * (1 << 20))
+    (tmp_path / "latin1.json").write_bytes(b'"caf\xe9"')
     for args, fragment in [
+        ([f"@{tmp_path / 'latin1.json'}"], "latin1.json' is not valid UTF-8"),
+        (["@/dev/zero"], "'/dev/zero' holds more than 8 MiB"),
         (["-", "-"], "only one JSON_ARG can be -"),
         ([f"@{tmp_path / 'missing.json'}"], f"cannot read '{tmp_path / 'missing.json'}'"),
         ([f"@{tmp_path}"], "Is a directory"),
