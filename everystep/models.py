@@ -96,3 +96,41 @@ class Step(models.Model):
 
     def __str__(self):
         return f"{self.step_id} {self.name} ({self.status})"
+
+
+class Worker(models.Model):
+    """A worker process, as it last reported itself: one row per name.
+
+    The row is written when the worker starts and stops, and its heartbeat
+    every few seconds with the name-lock check (never per step). A worker
+    whose heartbeat is older than `LOST_AFTER` seconds is lost: it died, or
+    it cannot reach the database. `workflows` lists the workflows registered
+    in its process: a run of any other waits for another worker.
+    """
+
+    class State(models.TextChoices):
+        STARTING = "starting"
+        READY = "ready"
+        OUTAGE = "outage"
+        DRAINING = "draining"
+        STOPPED = "stopped"
+
+    LOST_AFTER = 60
+
+    name = models.CharField(max_length=255, unique=True)
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    version = models.CharField(max_length=64)
+    pool_size = models.IntegerField()
+    in_flight = models.IntegerField(default=0)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.STARTING)
+    workflows = models.JSONField(default=list)
+    started_at = models.DateTimeField(default=timezone.now)
+    heartbeat_at = models.DateTimeField(default=timezone.now)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "everystep_worker"
+
+    def __str__(self):
+        return f"{self.name} ({self.state})"

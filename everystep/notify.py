@@ -7,18 +7,24 @@ worker still polls: notifications only shorten the wait, so a lost one (a
 reconnect, PgBouncer in transaction mode, where LISTEN does not work — turn
 it off there) costs at most one poll interval. After a lost connection the
 listener reconnects and LISTENs again.
+
+A listening connection only reads, so a database that went silent would
+never fail it: every `PING_INTERVAL` seconds the listener asks the server
+for an answer, under the engine's deadline, and reconnects if none comes.
 """
 
 import logging
 import threading
+import time
 
 from django.db import connections
 
-from everystep import retry
+from everystep import deadline, retry
 
 logger = logging.getLogger(__name__)
 
 CHANNEL = "everystep_scheduled"
+PING_INTERVAL = 10.0
 
 
 class Listener:
@@ -53,11 +59,17 @@ class Listener:
                     pass
 
     def _listen(self, wrapper):
-        wrapper.ensure_connection()
-        raw = wrapper.connection
-        raw.autocommit = True
-        raw.execute(f"LISTEN {CHANNEL}")
+        with deadline.guard(wrapper, "starting to listen for new runs"):
+            wrapper.ensure_connection()
+            raw = wrapper.connection
+            raw.autocommit = True
+            raw.execute(f"LISTEN {CHANNEL}")
         self.on_notify()  # anything scheduled while not listening is claimed now
+        next_ping = time.monotonic() + PING_INTERVAL
         while not self._stop.is_set():
             for _ in raw.notifies(timeout=0.5):
                 self.on_notify()
+            if time.monotonic() >= next_ping:
+                with deadline.guard(wrapper, "checking the listening connection"):
+                    raw.execute("SELECT 1")
+                next_ping = time.monotonic() + PING_INTERVAL

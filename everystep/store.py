@@ -12,6 +12,8 @@ concurrent requeue or claim is ordered before or after them, never between.
 import dataclasses
 import functools
 import json
+import os
+import socket
 import uuid
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
@@ -19,7 +21,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from everystep import registry, serde
-from everystep.models import Step, Workflow
+from everystep.models import Step, Worker, Workflow
 
 RUNNING = Workflow.Status.RUNNING
 SCHEDULED = Workflow.Status.SCHEDULED
@@ -333,3 +335,34 @@ def _decode_json(value):
     if isinstance(value, str | bytes):
         value = json.loads(value)
     return serde.from_json(value)
+
+
+def worker_started(name, pool_size, workflows):
+    """Record the worker `name` as starting in this process (one row per
+    name, replaced on each start)."""
+    import everystep
+
+    now = timezone.now()
+    Worker.objects.update_or_create(
+        name=name,
+        defaults={
+            "hostname": socket.gethostname()[:255],
+            "pid": os.getpid(),
+            "version": everystep.__version__,
+            "pool_size": pool_size,
+            "in_flight": 0,
+            "state": Worker.State.STARTING,
+            "workflows": list(workflows),
+            "started_at": now,
+            "heartbeat_at": now,
+            "stopped_at": None,
+        },
+    )
+
+
+def worker_heartbeat(name, state, in_flight):
+    """Refresh the worker's heartbeat, state and number of runs in flight."""
+    fields = {"state": state, "in_flight": in_flight, "heartbeat_at": timezone.now()}
+    if state == Worker.State.STOPPED:
+        fields["stopped_at"] = fields["heartbeat_at"]
+    Worker.objects.filter(name=name).update(**fields)

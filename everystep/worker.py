@@ -46,6 +46,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from everystep import deadline, events, registry, retry, runner, store, timeouts
 from everystep.errors import ConfigurationError
+from everystep.models import Worker as WorkerRow
 from everystep.namelock import NameLost, name_lock
 from everystep.options import WorkerOptions
 from everystep.pool import Pool
@@ -112,9 +113,17 @@ class Worker:
             self._lock = self._hold_name()
             if self._lock is None:
                 return  # stopped while waiting for the name
-            listener = self._start_listener()
+            listener = None
             lost = None
             try:
+                retry.retrying(
+                    lambda attempt: store.worker_started(
+                        self.name, self.pool_size, registry.names()
+                    ),
+                    what=f"registering worker {self.name}",
+                    should_stop=self._shutdown.requested.is_set,
+                )
+                listener = self._start_listener()
                 self._pool.start()
                 if self._take_back:
                     self._wake.wait(self._turn())
@@ -127,6 +136,7 @@ class Worker:
                     vendor=connection.vendor,
                     wakeup="woken by LISTEN/NOTIFY" if listener else "polling",
                 )
+                self._report(WorkerRow.State.READY)
                 try:
                     self._loop()
                 except NameLost as exc:
@@ -136,6 +146,7 @@ class Worker:
             finally:
                 if listener is not None:
                     listener.stop()
+                self._report(WorkerRow.State.STOPPED)
                 self._lock.release()
                 self._pool.stop()
             if lost is not None:
@@ -210,6 +221,19 @@ class Worker:
             return
         if self._lock.ensure():
             self._lock_checked = now
+            with deadline.guard(connections[DEFAULT_DB_ALIAS], "refreshing the heartbeat"):
+                store.worker_heartbeat(self.name, WorkerRow.State.READY, len(self._pool.in_flight))
+
+    def _report(self, state):
+        """Best effort: record the worker's state now, unless the database is
+        known to be away (the heartbeat catches up later)."""
+        if retry.outage.since is not None:
+            return
+        try:
+            with deadline.guard(connections[DEFAULT_DB_ALIAS], f"recording state {state}"):
+                store.worker_heartbeat(self.name, state, len(self._pool.in_flight))
+        except Exception:  # noqa: BLE001 - only the workers list shows it
+            retry.reset_connection()
 
     def _loop_failed(self, exc):
         """A turn failed: an outage (announced once) or a bug (logged with its
@@ -262,6 +286,7 @@ class Worker:
 
     def _drain(self):
         self._draining.set()
+        self._report(WorkerRow.State.DRAINING)
         deadline_at = None if self.drain == 0 else time.monotonic() + self.drain
         if self._pool.in_flight:
             events.announce(

@@ -1,0 +1,72 @@
+"""What operators read and do (§10, §11): the workers table, runs waiting
+for a workflow no live worker has, and requeue's refusal of a live worker."""
+
+import datetime
+import os
+import uuid
+
+import pytest
+from django.utils import timezone
+
+from everystep import operations, schedule
+from everystep.models import Worker, Workflow
+from tests import workflows
+from tests.helpers import wait_until
+from tests.workerproc import stop_embedded
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_worker_records_itself_its_workflows_and_its_state(embedded_worker):
+    worker = embedded_worker(name="recorded", pool_size=3)
+    row = wait_until(
+        lambda: Worker.objects.filter(name="recorded", state="ready").first(),
+        message="the worker's row ready",
+    )
+    assert (row.pid, row.pool_size) == (os.getpid(), 3)
+    assert workflows.quick.__everystep_workflow__ in row.workflows
+    assert list(operations.live_workers().values_list("name", flat=True)) == ["recorded"]
+    stop_embedded(worker)
+    row.refresh_from_db()
+    assert row.state == "stopped" and row.stopped_at is not None
+    assert not operations.live_workers().exists()
+
+
+def test_runs_of_a_workflow_no_live_worker_has_are_listed_as_unclaimable(embedded_worker):
+    worker = embedded_worker(name="older-deploy")
+    wait_until(lambda: operations.live_workers().exists(), message="a live worker")
+    newer = schedule(workflows.quick, 1)
+    Workflow.objects.filter(id=newer.id).update(name="newer.module.workflow")
+    known = schedule(workflows.quick, 2)
+    wait_until(lambda: Workflow.objects.get(id=known.id).status == "completed")
+    assert operations.unclaimable() == {"newer.module.workflow": 1}
+    assert Workflow.objects.get(id=newer.id).status == "scheduled"  # waits, never fails
+
+    stop_embedded(worker)
+
+    lost = timezone.now() - datetime.timedelta(seconds=Worker.LOST_AFTER + 1)
+    Worker.objects.filter(name="older-deploy").update(state="ready", heartbeat_at=lost)
+    waiting = schedule(workflows.quick, 3)
+    assert not operations.live_workers().exists()
+    assert operations.unclaimable() == {"newer.module.workflow": 1, waiting.name: 1}
+
+
+def test_requeue_is_refused_while_the_worker_is_alive_and_holds_its_name(embedded_worker):
+    parked = Workflow.objects.create(
+        name=workflows.quick.__everystep_workflow__,
+        args=[1],
+        status="running",
+        claimed_by="alive",
+        claim_token=uuid.uuid4(),
+    )
+    worker = embedded_worker(name="alive", catchup=False)
+    wait_until(lambda: Worker.objects.filter(name="alive", state="ready").exists())
+    with pytest.raises(operations.WorkerAlive, match="'alive' is alive"):
+        operations.requeue(claimed_by="alive")
+    with pytest.raises(operations.WorkerAlive):
+        operations.requeue([str(parked.id)])
+    stop_embedded(worker)
+
+    assert operations.requeue(claimed_by="alive") == [parked.id]
+    parked.refresh_from_db()
+    assert (parked.status, parked.claimed_by) == ("scheduled", None)
