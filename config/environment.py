@@ -6,11 +6,13 @@
 output may show. `generate_help()` prints the table the README shows.
 """
 
-import math
 import urllib.parse
 
 import environ
 from everystep_config.database import DatabaseURLError, database_settings, url_secrets
+from everystep_config.worker import worker_variables
+
+from everystep import options
 
 DEFAULT_DATABASE_URL = "sqlite:///everystep.sqlite3"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -19,38 +21,6 @@ LOG_FORMATS = ("text", "json")
 
 class ConfigError(Exception):
     """A configuration value cannot be used; the message names it."""
-
-
-def _number(variable, kind, minimum, strictly=False):
-    noun = "whole number" if kind is int else "number"
-
-    def convert(value):
-        try:
-            number = kind(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{variable}={value!r} is not a {noun}") from None
-        if kind is float and not math.isfinite(number):
-            raise ConfigError(f"{variable}={value!r} is not a finite number")
-        if number < minimum or (strictly and number == minimum):
-            relation = ">" if strictly else ">="
-            raise ConfigError(f"{variable}={value!r} must be {relation} {minimum}")
-        return number
-
-    return convert
-
-
-def _boolean(variable):
-    def convert(value):
-        if isinstance(value, bool):
-            return value
-        lowered = value.strip().lower()
-        if lowered in ("1", "true", "yes", "on"):
-            return True
-        if lowered in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"{variable}={value!r} is not a boolean: use true or false")
-
-    return convert
 
 
 def _choice(variable, choices, normalize=str.lower):
@@ -92,29 +62,6 @@ class Environment:
     path = environ.var(
         None, converter=_listing(":"), help="extra sys.path entries, ':'-separated (default: .)"
     )
-    pool = environ.var("4", converter=_number("EVERYSTEP_POOL", int, 1), help="runs in flight")
-    poll = environ.var(
-        "0.2",
-        converter=_number("EVERYSTEP_POLL", float, 0, strictly=True),
-        help="seconds between claims when idle",
-    )
-    name = environ.var(None, help="worker name (default: DYNO, then the hostname)")
-    drain = environ.var(
-        "30",
-        converter=_number("EVERYSTEP_DRAIN", float, 0),
-        help="seconds to drain on SIGTERM; 0 waits forever",
-    )
-    catchup = environ.var(
-        "true",
-        converter=_boolean("EVERYSTEP_CATCHUP"),
-        help="resume runs parked under the worker's name at start",
-    )
-    notify = environ.var(
-        "true",
-        converter=_boolean("EVERYSTEP_NOTIFY"),
-        help="on PostgreSQL, wake idle workers with LISTEN/NOTIFY (false behind PgBouncer's "
-        "transaction pooling)",
-    )
     installed_apps = environ.var(
         None, converter=_listing(","), help="extra Django apps, comma-separated"
     )
@@ -146,17 +93,31 @@ class Environment:
 
 
 def load(environ_mapping):
-    """Read the environment; raise `ConfigError` on the first bad value."""
+    """Read the environment; raise `ConfigError` on the first bad value.
+
+    The worker's variables (``EVERYSTEP_POOL`` …) are checked too, so that
+    a bad one fails every command at once (see `load_worker`)."""
     try:
         env = environ.to_config(Environment, environ=environ_mapping)
     except environ.exceptions.ConfigError as exc:
         raise ConfigError(f"missing {', '.join(exc.args)}") from None
+    load_worker(environ_mapping)
     try:
         database_settings(env.effective_database_url)
     except DatabaseURLError as exc:
         message = f"{env.database_variable}: {exc}"
         raise ConfigError(mask(message, url_secrets(env.effective_database_url))) from None
     return env
+
+
+def load_worker(environ_mapping):
+    """The worker's options as the environment sets them (their variables are
+    defined with the options, in `everystep.options`); `ConfigError` on a bad
+    value."""
+    try:
+        return options.resolve({}, worker_variables(environ_mapping))
+    except options.OptionError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def secrets(env):
@@ -181,5 +142,10 @@ def mask(text, hidden):
 
 
 def generate_help():
-    """The variables with their help, as environ-config formats them."""
-    return Environment.generate_help(display_defaults=True)
+    """The variables with their help, as environ-config formats them, then
+    the worker's options' variables."""
+    lines = [Environment.generate_help(display_defaults=True)]
+    for option in options.OPTIONS:
+        default = getattr(options.DEFAULTS, option.field)
+        lines.append(f"{option.variable} (Optional, Default={default}): {option.help}.")
+    return "\n".join(lines)

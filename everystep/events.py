@@ -32,7 +32,7 @@ class Event:
 EVENTS = {
     "worker_ready": Event(
         INFO,
-        "worker {worker} ready: pool {pool_size}, poll {poll:g}s, drain {drain:g}s, "
+        "worker {worker} ready: pool {pool_size}, poll {poll}s, drain {drain}s, "
         "database {vendor}, {wakeup}",
     ),
     "name_wait": Event(
@@ -44,7 +44,13 @@ EVENTS = {
     ),
     "claim": Event(INFO, "worker {worker} {how} {count} run(s): {run_list}"),
     "step_recorded": Event(DEBUG, "run {run_id} step {step_id} {status}"),
-    "run_finished": Event(INFO, "run {run_id} {workflow} {status} in {millis:.0f} ms{reason}"),
+    **{
+        f"run_{status}": Event(
+            INFO if status == "completed" else WARNING,
+            "run {run_id} {workflow} {status} in {millis:.0f} ms{reason}",
+        )
+        for status in ("completed", "failed", "stopped", "blocked")
+    },
     "run_requeued": Event(INFO, "run {run_id} requeued {reason}"),
     "run_released": Event(
         WARNING,
@@ -88,11 +94,10 @@ def unsubscribe(callback):
     _subscribers.remove(callback)
 
 
-def announce(event, exc_info=None, level=None, **fields):
-    """Log `event` with `fields` (at its level, or `level`) and tell the
-    subscribers."""
+def announce(event, exc_info=None, **fields):
+    """Log `event` with `fields` and tell the subscribers."""
     spec = EVENTS[event]
-    level = spec.level if level is None else level
+    level = spec.level
     if logger.isEnabledFor(level):
         extra = {"action": event, **{key: _plain(value) for key, value in fields.items()}}
         logger.log(level, spec.message.format(**fields), exc_info=exc_info, extra=extra)

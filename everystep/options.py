@@ -30,7 +30,7 @@ def _number(kind, minimum, *, above=False):
         except (TypeError, ValueError, OverflowError):
             raise ValueError(f"is not a {noun}") from None
         if kind is float and not math.isfinite(number):
-            raise ValueError("must be a finite number")
+            raise ValueError("is not a finite number")
         if number < minimum or (above and number == minimum):
             raise ValueError(f"must be {'>' if above else '>='} {minimum}")
         return number

@@ -214,8 +214,7 @@ def _finish(run, status, started, *, result=None, error=None):
     if not _move(run, status, "finishing", result=result, error=error):
         return _lost(run)
     events.announce(
-        "run_finished",
-        level=events.INFO if status == Status.COMPLETED else events.WARNING,
+        f"run_{status}",
         run_id=run.workflow_id,
         workflow=run.workflow_name,
         worker=run.worker,

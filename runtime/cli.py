@@ -8,13 +8,14 @@ stderr; secrets never reach the output.
 """
 
 import argparse
-import math
 import os
 import sys
 import traceback
 
 from everystep_runtime.errors import Failure, UsageError
 from everystep_runtime.interpreter import mismatch
+
+from everystep import options
 
 MAX_LIMIT = 10_000  # rows `runs` lists at most
 
@@ -37,17 +38,6 @@ def limit(text):
     return number
 
 
-def seconds(text):
-    """A duration flag: a finite number (its range is the worker's to check)."""
-    try:
-        number = float(text)
-    except ValueError:
-        number = math.nan
-    if not math.isfinite(number):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds")
-    return number
-
-
 def build_parser():
     parser = Parser(
         prog="everystep",
@@ -57,27 +47,12 @@ def build_parser():
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
-    worker = commands.add_parser("worker", help="run a worker; exits 0 after a clean drain")
-    worker.add_argument("--pool", type=int, help="runs in flight at most (EVERYSTEP_POOL, 4)")
-    worker.add_argument(
-        "--poll", type=seconds, help="seconds between idle claims (EVERYSTEP_POLL, 0.2)"
+    worker = commands.add_parser(
+        "worker",
+        help="run a worker; exits 0 after a clean drain",
+        description="Run a worker. Each flag falls back to the variable named in its help.",
     )
-    worker.add_argument("--name", help="unique, stable name (EVERYSTEP_NAME, DYNO, hostname)")
-    worker.add_argument(
-        "--drain",
-        type=seconds,
-        help="seconds to drain on SIGTERM, 0 = forever (EVERYSTEP_DRAIN, 30)",
-    )
-    worker.add_argument(
-        "--no-catchup",
-        action="store_true",
-        help="skip resuming runs parked under this name (EVERYSTEP_CATCHUP=false)",
-    )
-    worker.add_argument(
-        "--no-notify",
-        action="store_true",
-        help="poll only, no LISTEN/NOTIFY wake-up (EVERYSTEP_NOTIFY=false)",
-    )
+    options.add_arguments(worker)
 
     commands.add_parser("migrate", help="create or upgrade the tables; idempotent")
 

@@ -5,6 +5,7 @@ import base64
 import datetime
 import enum
 import json
+import os
 import sys
 import uuid
 
@@ -16,18 +17,15 @@ SECRET_OPTIONS = ("password", "sslpassword", "passwd")
 
 
 def worker(env, args):
-    """Run the `everystep_worker` management command with the environment's
-    settings, overridden by flags."""
+    """Run the `everystep_worker` management command: the same options, each
+    flag over its environment variable (`everystep.options`)."""
+    from everystep import options
+
     _migrate_or_refuse()
-    options = {
-        "pool": args.pool if args.pool is not None else env.pool,
-        "poll": args.poll if args.poll is not None else env.poll,
-        "name": args.name or env.name,
-        "drain": args.drain if args.drain is not None else env.drain,
-        "no_catchup": args.no_catchup or not env.catchup,
-        "no_notify": args.no_notify or not env.notify,
-    }
-    _call("everystep_worker", **options)
+    flags = {option.field: getattr(args, option.field) for option in options.OPTIONS}
+    _call(
+        "everystep_worker", **{field: value for field, value in flags.items() if value is not None}
+    )
 
 
 def migrate(env, args):
@@ -52,12 +50,9 @@ def schedule(env, args):
 
 
 def runs(env, args):
-    from everystep.models import Workflow
+    from everystep import operations
 
-    rows = Workflow.objects.order_by("-created_at")
-    if args.status:
-        rows = rows.filter(status=args.status)
-    rows = list(rows[: args.limit])
+    rows = operations.recent_runs(args.status, args.limit)
     if args.json:
         _print_json([_run_fields(run) for run in rows])
         return
@@ -69,12 +64,14 @@ def runs(env, args):
 
 
 def show(env, args):
-    from everystep.models import Workflow
+    from everystep import operations
+    from everystep.errors import EverystepError
 
-    run = Workflow.objects.filter(id=_run_id(args.run_id)).first()
-    if run is None:
-        raise Failure(f"no run {args.run_id}")
-    steps = [_step_fields(step) for step in run.steps.order_by("id")]
+    try:
+        run, steps = operations.run_with_steps(_run_id(args.run_id))
+    except EverystepError as exc:
+        raise Failure(str(exc)) from None
+    steps = [_step_fields(step) for step in steps]
     if args.json:
         _print_json(
             {
@@ -111,17 +108,16 @@ def resolve_step(env, args):
 
 
 def requeue(env, args):
-    from everystep import store
-    from everystep.models import Workflow
+    from everystep import operations
+    from everystep.errors import EverystepError
 
     if bool(args.run_ids) == bool(args.claimed_by):
         raise UsageError("give run ids or --claimed-by NAME, not both")
     ids = [_run_id(text) for text in args.run_ids] if args.run_ids else None
-    targets = Workflow.objects.filter(status="running")
-    targets = targets.filter(id__in=ids) if ids else targets.filter(claimed_by=args.claimed_by)
-    for name in set(targets.values_list("claimed_by", flat=True)):
-        _refuse_live_worker(name)
-    requeued = store.requeue_runs(ids, claimed_by=args.claimed_by)
+    try:
+        requeued = operations.requeue(ids, claimed_by=args.claimed_by)
+    except EverystepError as exc:
+        raise UsageError(str(exc)) from None
     for run_id in requeued:
         print(run_id)
     print(f"{len(requeued)} run(s) requeued", file=sys.stderr)
@@ -130,6 +126,7 @@ def requeue(env, args):
 def check(env, args):
     from django.db import connection
     from everystep_config.database import masked_url
+    from everystep_config.environment import load_worker
 
     from everystep import registry
 
@@ -138,8 +135,10 @@ def check(env, args):
     print(f"workflows:  {', '.join(env.workflows) or '(EVERYSTEP_WORKFLOWS not set)'}")
     for name in registry.names():
         print(f"  {name}")
+    worker = load_worker(os.environ)
     print(
-        f"worker:     pool {env.pool}, poll {env.poll}s, drain {env.drain}s, catchup {env.catchup}"
+        f"worker:     pool {worker.pool_size}, poll {worker.poll}s, drain {worker.drain}s, "
+        f"catchup {worker.catchup}, database deadline {worker.db_deadline}s"
     )
     sentry = "on" if env.sentry_dsn else "off"
     print(f"logging:    {env.log_level} as {env.log_format}; sentry {sentry}")
@@ -154,6 +153,7 @@ def check(env, args):
             problems.append(f"{len(pending)} migration(s) pending: run migrate")
         else:
             print("migrations: up to date")
+            _print_unclaimable()
     if not env.workflows:
         problems.append("EVERYSTEP_WORKFLOWS is not set: the worker would have nothing to run")
     for problem in problems:
@@ -196,6 +196,15 @@ def _settings_secrets():
     return {secret for secret in found if isinstance(secret, str) and secret}
 
 
+def _print_unclaimable():
+    """Say which scheduled runs no live worker can claim: their workflow is in
+    no live worker's process (a deploy in progress, a module missing)."""
+    from everystep import operations
+
+    for name, count in sorted(operations.unclaimable().items()):
+        print(f"waiting:    {count} scheduled run(s) of {name}: no live worker has this workflow")
+
+
 def _pending_migrations():
     from django.db import connection
     from django.db.migrations.executor import MigrationExecutor
@@ -211,7 +220,18 @@ def _migrate_or_refuse():
 
     from everystep import retry
 
-    pending = retry.retrying(lambda attempt: _pending_migrations(), what="checking migrations")
+    try:
+        pending = retry.retrying(
+            lambda attempt: _pending_migrations(),
+            what="checking migrations",
+            fatal=retry.is_configuration_error,
+        )
+    except Exception as exc:
+        if retry.is_configuration_error(exc):
+            raise UsageError(
+                f"the database refuses these settings: {retry.one_line(exc)}"
+            ) from None
+        raise
     if not pending:
         return
     if connection.vendor == "sqlite":
@@ -220,17 +240,6 @@ def _migrate_or_refuse():
     raise UsageError(
         f"the database has {len(pending)} unapplied migration(s): run `everystep migrate` first"
     )
-
-
-def _refuse_live_worker(name):
-    from everystep.namelock import name_lock
-
-    lock = name_lock(name)
-    if not lock.try_acquire():
-        raise UsageError(
-            f"worker {name!r} is alive (it holds its name): stop it, or let it resume its own runs"
-        )
-    lock.release()
 
 
 def _run_id(text):
