@@ -58,10 +58,13 @@ class NameLock:
     def __init__(self, name):
         self.name = name
 
+    #: The lock's own database connection, if it has one.
+    connection = None
+
     def try_acquire(self):
         raise NotImplementedError
 
-    def ensure(self):
+    def ensure(self, reconnect=False):
         return True
 
     def release(self):
@@ -85,9 +88,14 @@ class _ConnectionLock(NameLock):
     def lock_key(self, name):
         raise NotImplementedError
 
+    @property
+    def connection(self):
+        return self._connection
+
     def try_acquire(self):
         if self._connection is None:
             self._connection = connections.create_connection(self.alias)
+            self._connection.inc_thread_sharing()  # taken on one thread, kept on another
             with deadline.guard(self._connection, "setting up the name lock's session"):
                 self._connection.ensure_connection()
                 self._connection.set_autocommit(True)
@@ -102,12 +110,14 @@ class _ConnectionLock(NameLock):
         self._session = self._scalar(self.session_sql)
         return True
 
-    def ensure(self):
+    def ensure(self, reconnect=False):
         """Check the lock is held; if it was lost with its connection, take it
         again. Raises `NameLost` when another process holds it now, and the
-        database error when the database cannot be reached."""
+        database error when the database cannot be reached. With `reconnect`
+        (the connection may have been cut off silently) it does not ask the
+        old connection but takes the lock again on a new one."""
         try:
-            if self._scalar(self.verify_sql, [self.key]) == 1:
+            if not reconnect and self._scalar(self.verify_sql, [self.key]) == 1:
                 return True
         except Exception:  # noqa: BLE001 - a dead connection: reconnect below
             pass

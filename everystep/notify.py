@@ -66,9 +66,12 @@ class Listener:
             raw.execute(f"LISTEN {CHANNEL}")
         self.on_notify()  # anything scheduled while not listening is claimed now
         next_ping = time.monotonic() + PING_INTERVAL
+        generation = retry.outage.generation
         while not self._stop.is_set():
             for _ in raw.notifies(timeout=0.5):
                 self.on_notify()
+            if retry.outage.generation != generation:
+                return  # held through an outage: listen again on a new connection
             if time.monotonic() >= next_ping:
                 with deadline.guard(wrapper, "checking the listening connection"):
                     raw.execute("SELECT 1")

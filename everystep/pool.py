@@ -80,8 +80,10 @@ class Pool:
             self._todo.put(None)
 
     def _work(self):
+        generation = retry.outage.generation
         try:
             while (job := self._todo.get()) is not None:
+                generation = retry.replace_if_outage(generation)
                 try:
                     job.status = runner.execute(job.claimed, draining=self._draining)
                 except BaseException as exc:  # noqa: BLE001 - the worker fails the run

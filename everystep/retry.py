@@ -30,6 +30,10 @@ _PG_TRANSIENT_PREFIXES = ("08", "40", "53", "57P", "55P03")
 # MySQL/MariaDB error numbers: too many connections, lock wait timeout,
 # deadlock, connection killed, server shutdown, client-side connection errors.
 _MYSQL_TRANSIENT_CODES = {1040, 1053, 1205, 1213, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
+# Of those, the ones that say the database is out of reach, not busy: a
+# deadlock, a serialization failure or a lock-wait timeout is no outage.
+_PG_CONTENTION_PREFIXES = ("40", "55P03")
+_MYSQL_CONTENTION_CODES = {1205, 1213}
 
 MAX_BACKOFF = 5.0
 
@@ -70,6 +74,17 @@ def is_transient(exc):
     return "database is locked" in message or "disk i/o error" in message
 
 
+def is_contention(exc):
+    """Whether `exc` is a transient error of a busy database (a deadlock, a
+    serialization failure, a lock-wait timeout) rather than an unreachable one."""
+    cause = exc.__cause__ or exc
+    if type(cause).__module__.startswith("psycopg"):
+        sqlstate = getattr(cause, "sqlstate", None) or ""
+        return sqlstate.startswith(_PG_CONTENTION_PREFIXES)
+    code = cause.args[0] if cause.args else None
+    return code in _MYSQL_CONTENTION_CODES or "database is locked" in str(cause).lower()
+
+
 def is_configuration_error(exc):
     """Whether `exc` says the database settings cannot work (a wrong password,
     an unknown user, database or host) rather than that it is unreachable.
@@ -89,17 +104,28 @@ def is_configuration_error(exc):
 
 
 class _Outage:
-    """Whether this process sees the database as unreachable, and since when."""
+    """Whether this process sees the database as unreachable, and since when.
+
+    `generation` counts the outages: a connection opened before the latest
+    one may have been cut off without a word (a failed-over host, a hung
+    proxy), so its holder replaces it before using it again instead of
+    waiting out the deadline on it.
+    """
 
     def __init__(self):
         self.since = None
+        self.generation = 0
         self._lock = threading.Lock()
 
     def failed(self, what, exc):
+        """A connection failed (`exc`); contention (`is_contention`) is no outage."""
+        if is_contention(exc):
+            return
         with self._lock:
             if self.since is not None:
                 return
             self.since = time.monotonic()
+            self.generation += 1
         events.announce("db_outage", what=what, error=one_line(exc))
 
     def succeeded(self):
@@ -112,6 +138,14 @@ class _Outage:
 
 
 outage = _Outage()
+
+
+def replace_if_outage(seen):
+    """Reset this thread's connection if an outage began since generation
+    `seen` (it may be cut off silently); returns the generation now."""
+    if outage.generation != seen:
+        reset_connection()
+    return outage.generation
 
 
 def reset_connection():

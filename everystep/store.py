@@ -360,9 +360,19 @@ def worker_started(name, pool_size, workflows):
     )
 
 
-def worker_heartbeat(name, state, in_flight):
-    """Refresh the worker's heartbeat, state and number of runs in flight."""
-    fields = {"state": state, "in_flight": in_flight, "heartbeat_at": timezone.now()}
+def worker_heartbeat(name, state, in_flight, using=None):
+    """Refresh the worker's heartbeat, state and number of runs in flight;
+    on the connection `using` (the name lock's own) when given."""
+    now = timezone.now()
+    if using is not None:
+        with using.cursor() as cursor:
+            cursor.execute(
+                "UPDATE everystep_worker SET state = %s, in_flight = %s, heartbeat_at = %s "
+                "WHERE name = %s",
+                [state, in_flight, using.ops.adapt_datetimefield_value(now), name],
+            )
+        return
+    fields = {"state": state, "in_flight": in_flight, "heartbeat_at": now}
     if state == Worker.State.STOPPED:
-        fields["stopped_at"] = fields["heartbeat_at"]
+        fields["stopped_at"] = now
     Worker.objects.filter(name=name).update(**fields)

@@ -30,7 +30,7 @@ that it is not executing. A worker claims only runs of the workflows
 registered in its process; others wait for a worker that has them.
 
 The worker is an orchestrator over its parts: the options
-(`everystep.options`), the name lock (`everystep.namelock`), the pool
+(`everystep.options`), the name guard (`everystep.nameguard`), the pool
 (`everystep.pool`), the shutdown (`everystep.shutdown`) and the outage
 tracking shared with the runners (`everystep.retry`).
 """
@@ -45,9 +45,9 @@ import time
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from everystep import deadline, events, registry, retry, runner, store, timeouts
-from everystep.errors import ConfigurationError
 from everystep.models import Worker as WorkerRow
-from everystep.namelock import NameLost, name_lock
+from everystep.nameguard import NameGuard, NameHeld
+from everystep.namelock import NameLost
 from everystep.options import WorkerOptions
 from everystep.pool import Pool
 from everystep.shutdown import Shutdown
@@ -55,15 +55,10 @@ from everystep.shutdown import Shutdown
 logger = logging.getLogger(__name__)
 
 REQUEUE_GRACE = 5.0  # seconds to keep trying to requeue at exit when the database is down
-LOCK_CHECK_INTERVAL = 5.0  # seconds between checks that the name lock is still held
 TAKE_BACK_INTERVAL = 30.0  # seconds between take-backs of runs parked under this name
 LOOP_ERROR_LOG_INTERVAL = 10.0  # at most one traceback of a loop error this often
 
 __all__ = ["NameHeld", "NameLost", "Worker"]
-
-
-class NameHeld(Exception):
-    """Another live worker holds this worker's name."""
 
 
 class Worker:
@@ -87,10 +82,10 @@ class Worker:
         self._draining = threading.Event()  # shared with every runner
         self._shutdown = Shutdown(self.name, self._wake.set)
         self._pool = Pool(self.pool_size, f"everystep-{self.name}", self._draining, self._wake.set)
-        self._lock = None
+        self._guard = NameGuard(self.name, self._heartbeat, self._wake.set)
         self._take_back = self.options.catchup  # take back parked runs on the next turn
         self._next_take_back = time.monotonic() + TAKE_BACK_INTERVAL
-        self._lock_checked = 0.0
+        self._generation = 0  # the outage the loop's connection has lived through
         self._delays = None  # the loop's backoff while its database calls fail
         self._error_logged = 0.0
 
@@ -110,8 +105,7 @@ class Worker:
         timeouts.harden(connections[DEFAULT_DB_ALIAS].settings_dict)
         restore_signals = self._shutdown.install_signal_handlers(self.drain, self._exit_now)
         try:
-            self._lock = self._hold_name()
-            if self._lock is None:
+            if not self._guard.acquire(self.drain, self._shutdown.requested):
                 return  # stopped while waiting for the name
             listener = None
             lost = None
@@ -125,6 +119,7 @@ class Worker:
                 )
                 listener = self._start_listener()
                 self._pool.start()
+                self._guard.start()
                 if self._take_back:
                     self._wake.wait(self._turn())
                 events.announce(
@@ -147,7 +142,7 @@ class Worker:
                 if listener is not None:
                     listener.stop()
                 self._report(WorkerRow.State.STOPPED)
-                self._lock.release()
+                self._guard.stop(timeout=self.options.db_deadline + 1)
                 self._pool.stop()
             if lost is not None:
                 raise lost
@@ -168,11 +163,13 @@ class Worker:
         up to the free capacity. Returns how long to wait before the next
         turn: the poll interval, or a backoff while the database fails.
         Raises `NameLost`."""
+        if self._guard.lost is not None:
+            raise self._guard.lost
+        if not self._guard.held:
+            return self.poll  # no claim while the name is in doubt
         try:
-            self._check_name()
+            self._generation = retry.replace_if_outage(self._generation)
             claimed, took_back = self._claim()
-        except NameLost:
-            raise
         except Exception as exc:  # noqa: BLE001 - told apart in _loop_failed
             return self._loop_failed(exc)
         self._delays = None
@@ -213,16 +210,15 @@ class Worker:
             self._next_take_back = now + TAKE_BACK_INTERVAL
         return claimed, took_back
 
-    def _check_name(self):
-        """Every few seconds, and on each turn while the database fails, make
-        sure the name lock is still held, taking it again if it was lost."""
-        now = time.monotonic()
-        if self._delays is None and now - self._lock_checked < LOCK_CHECK_INTERVAL:
-            return
-        if self._lock.ensure():
-            self._lock_checked = now
-            with deadline.guard(connections[DEFAULT_DB_ALIAS], "refreshing the heartbeat"):
-                store.worker_heartbeat(self.name, WorkerRow.State.READY, len(self._pool.in_flight))
+    def _heartbeat(self, lock_connection):
+        """Called by the name guard after each check of the lock, with the
+        lock's own connection (None for a file lock)."""
+        state = WorkerRow.State.DRAINING if self._draining.is_set() else WorkerRow.State.READY
+        db = lock_connection or connections[DEFAULT_DB_ALIAS]
+        with deadline.guard(db, "refreshing the heartbeat"):
+            store.worker_heartbeat(
+                self.name, state, len(self._pool.in_flight), using=lock_connection
+            )
 
     def _report(self, state):
         """Best effort: record the worker's state now, unless the database is
@@ -345,45 +341,6 @@ class Worker:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-
-    def _hold_name(self):
-        """Take the name lock, waiting up to the drain time for a live holder
-        to exit. Returns the lock, or None if stopped while waiting."""
-        lock = name_lock(self.name)
-        deadline_at = None if self.drain == 0 else time.monotonic() + self.drain
-        warned = False
-        while True:
-            try:
-                acquired = retry.retrying(
-                    lambda attempt: lock.try_acquire(),
-                    what=f"taking the lock on worker name {self.name}",
-                    should_stop=self._shutdown.requested.is_set,
-                    fatal=retry.is_configuration_error,
-                )
-            except Exception as exc:
-                if retry.is_configuration_error(exc):
-                    raise ConfigurationError(
-                        f"the database refuses these settings: {retry.one_line(exc)}"
-                    ) from None
-                if self._shutdown.requested.is_set():
-                    return None
-                raise
-            if acquired:
-                return lock
-            if not warned:
-                events.announce(
-                    "name_wait",
-                    worker=self.name,
-                    wait="indefinitely" if deadline_at is None else f"up to {self.drain}s",
-                )
-                warned = True
-            if deadline_at is not None and time.monotonic() >= deadline_at:
-                raise NameHeld(
-                    f"worker name {self.name!r} is held by another live worker; give each "
-                    f"worker a unique name (--name or EVERYSTEP_NAME)"
-                )
-            if self._shutdown.requested.wait(0.2):
-                return None
 
 
 def _report_to_sentry(exc, run, worker_name):

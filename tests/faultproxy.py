@@ -27,6 +27,8 @@ it is in force on the existing and the new connections:
 - `lose_next_reply()`: switch to pass-through; the next chunk the server
   sends on any connection is then swallowed and that connection is reset on
   both sides: a reply lost after the server committed. Later replies pass.
+- `lose_reply_to(pattern)`: the same for the reply to the next request
+  whose bytes hold `pattern`, on that request's connection only.
 - `latency(seconds)`: every chunk read from now on is forwarded that much
   later, in order (a round trip takes at least twice as long); the other
   faults are unchanged.
@@ -91,6 +93,7 @@ class _Connection:
         self.upstream = upstream
         self.connecting = connecting
         self.silent = False
+        self.lose_reply = False  # the next reply on this connection is lost
         self.up = _Direction()  # client -> server
         self.down = _Direction()  # server -> client
 
@@ -117,6 +120,7 @@ class FaultProxy:
         self._mode = PASS
         self._latency = 0.0
         self._lose_armed = False
+        self._lose_pattern: bytes | None = None
         self._connections: set[_Connection] = set()
         self._interest: dict[socket.socket, int] = {}
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -178,6 +182,12 @@ class FaultProxy:
 
     def lose_next_reply(self) -> None:
         self._control(self._do_lose_next_reply)
+
+    def lose_reply_to(self, pattern: bytes) -> None:
+        """Pass-through; the reply to the next request holding `pattern` (a
+        statement, a value it writes) is swallowed after the server ran it,
+        and that connection is reset — a reply lost after a commit."""
+        self._control(lambda: self._do_lose_reply_to(pattern))
 
     def latency(self, seconds: float) -> None:
         if seconds < 0:
@@ -243,6 +253,10 @@ class FaultProxy:
     def _do_lose_next_reply(self):
         self._set_mode(PASS)
         self._lose_armed = True
+
+    def _do_lose_reply_to(self, pattern):
+        self._set_mode(PASS)
+        self._lose_pattern = pattern
 
     def _do_stop(self):
         self._stopping = True
@@ -360,10 +374,13 @@ class FaultProxy:
             self._end_of_stream(conn, sock)
             return
         direction = conn.up if sock is conn.client else conn.down
+        if direction is conn.up and self._lose_pattern is not None and self._lose_pattern in data:
+            self._lose_pattern = None
+            conn.lose_reply = True
         if conn.silent:
             self.bytes_discarded += len(data)
-        elif direction is conn.down and self._lose_armed:
-            self._lose_armed = False
+        elif direction is conn.down and (self._lose_armed or conn.lose_reply):
+            self._lose_armed = conn.lose_reply = False
             self.replies_lost += 1
             self.bytes_discarded += len(data)
             self._abort(conn)
