@@ -9,6 +9,7 @@ stderr; secrets never reach the output.
 
 import argparse
 import os
+import signal
 import sys
 import traceback
 
@@ -124,6 +125,10 @@ def main(argv=None):
         if args.command is None:
             build_parser().print_help()
             raise UsageError("name a command")
+        if args.command == "worker":
+            # Until the worker installs its own handlers (it drains), a stop
+            # finds nothing claimed: exit at once, and cleanly.
+            signal.signal(signal.SIGTERM, _stopped_while_starting)
         from everystep_runtime import commands, setup
 
         env = setup.read_environment(os.environ)
@@ -150,6 +155,10 @@ def _check_utf8(argv):
             arg.encode("utf-8")
         except UnicodeEncodeError:
             raise UsageError(f"command-line argument {index} is not valid UTF-8") from None
+
+
+def _stopped_while_starting(signum, frame):
+    raise SystemExit(0)
 
 
 def _fail(message, status):

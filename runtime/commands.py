@@ -108,19 +108,7 @@ def resolve_step(env, args):
 
 
 def requeue(env, args):
-    from everystep import operations
-    from everystep.errors import EverystepError
-
-    if bool(args.run_ids) == bool(args.claimed_by):
-        raise UsageError("give run ids or --claimed-by NAME, not both")
-    ids = [_run_id(text) for text in args.run_ids] if args.run_ids else None
-    try:
-        requeued = operations.requeue(ids, claimed_by=args.claimed_by)
-    except EverystepError as exc:
-        raise UsageError(str(exc)) from None
-    for run_id in requeued:
-        print(run_id)
-    print(f"{len(requeued)} run(s) requeued", file=sys.stderr)
+    _call("everystep_requeue", *args.run_ids, claimed_by=args.claimed_by)
 
 
 def check(env, args):

@@ -70,3 +70,29 @@ def test_requeue_is_refused_while_the_worker_is_alive_and_holds_its_name(embedde
     assert operations.requeue(claimed_by="alive") == [parked.id]
     parked.refresh_from_db()
     assert (parked.status, parked.claimed_by) == ("scheduled", None)
+
+
+def test_django_projects_have_requeue_as_a_management_command(embedded_worker):
+    import io
+
+    from django.core.management import CommandError, call_command
+
+    parked = Workflow.objects.create(
+        name=workflows.quick.__everystep_workflow__,
+        args=[1],
+        status="running",
+        claimed_by="crashed",
+        claim_token=uuid.uuid4(),
+    )
+    worker = embedded_worker(name="crashed", catchup=False)
+    wait_until(lambda: Worker.objects.filter(name="crashed", state="ready").exists())
+    with pytest.raises(CommandError, match="is alive") as refused:
+        call_command("everystep_requeue", claimed_by="crashed")
+    assert refused.value.returncode == 2
+    stop_embedded(worker)
+
+    out, err = io.StringIO(), io.StringIO()
+    call_command("everystep_requeue", str(parked.id), stdout=out, stderr=err)
+    assert out.getvalue().split() == [str(parked.id)]
+    assert "1 run(s) requeued" in err.getvalue()
+    assert Workflow.objects.get(id=parked.id).status == "scheduled"

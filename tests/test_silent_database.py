@@ -119,3 +119,22 @@ def test_a_claim_whose_reply_was_lost_after_its_commit_strands_no_run(fault_prox
     assert connection.vendor == "postgresql"
     worker.send(signal.SIGTERM)
     assert worker.wait() == 0
+
+
+def test_sigterm_while_the_zipapp_worker_waits_for_its_database_exits_0(
+    fault_proxy, pyz, spawn_process, tmp_path
+):
+    from tests.zipapp import workflow_environment
+
+    proxy = fault_proxy(database_url())
+    proxy.refuse()
+    env = workflow_environment(proxy.url(database_url()))
+    worker = spawn_process(
+        "starting", [str(pyz), "worker", "--name", "early"], env=env, cwd=tmp_path
+    )
+    worker.wait_for_log("retrying")
+    worker.send(signal.SIGTERM)
+    code, seconds = timed_wait(worker, 30)
+    assert code == 0, worker.log()
+    assert seconds < 10
+    assert "ready" not in worker.log()
