@@ -35,8 +35,7 @@ def test_a_worker_records_itself_its_workflows_and_its_state(embedded_worker):
 def test_runs_of_a_workflow_no_live_worker_has_are_listed_as_unclaimable(embedded_worker):
     worker = embedded_worker(name="older-deploy")
     wait_until(lambda: operations.live_workers().exists(), message="a live worker")
-    newer = schedule(workflows.quick, 1)
-    Workflow.objects.filter(id=newer.id).update(name="newer.module.workflow")
+    newer = Workflow.objects.create(name="newer.module.workflow", args=[1])
     known = schedule(workflows.quick, 2)
     wait_until(lambda: Workflow.objects.get(id=known.id).status == "completed")
     assert operations.unclaimable() == {"newer.module.workflow": 1}

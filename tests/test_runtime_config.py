@@ -278,14 +278,17 @@ def test_the_worker_refuses_an_unmigrated_server_database_and_sqlite_migrates_it
 
 def url_with_password(password):
     """The test database's URL with a password in it that the server accepts:
-    PostgreSQL's test server trusts 127.0.0.1 whatever the password; on
-    MariaDB a user with this password is created."""
+    a user with this password is created."""
     url = database_url()
     if connection.vendor == "sqlite":
         return url
-    user = "everystep"
+    user = "secretive"
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT 1 FROM pg_roles WHERE rolname = '{user}'")
+            verb = "ALTER" if cursor.fetchone() else "CREATE"
+            cursor.execute(f"{verb} ROLE {user} LOGIN SUPERUSER PASSWORD '{password}'")
     if connection.vendor == "mysql":
-        user = "secretive"
         with connection.cursor() as cursor:
             cursor.execute(
                 f"CREATE USER IF NOT EXISTS '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'"
