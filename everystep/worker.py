@@ -86,6 +86,7 @@ class Worker:
         self._take_back = self.options.catchup  # take back parked runs on the next turn
         self._next_take_back = time.monotonic() + TAKE_BACK_INTERVAL
         self._generation = 0  # the outage the loop's connection has lived through
+        self._stopped_announced = False
         self._delays = None  # the loop's backoff while its database calls fail
         self._error_logged = 0.0
 
@@ -142,7 +143,11 @@ class Worker:
                 if listener is not None:
                     listener.stop()
                 self._report(WorkerRow.State.STOPPED)
-                self._guard.stop(timeout=self.options.db_deadline + 1)
+                # During an outage the guard may be blocked on the lock's
+                # connection: do not wait for it (the session ends with the
+                # process, or the guard releases it once unblocked).
+                outage = retry.outage.since is not None
+                self._guard.stop(timeout=1.0 if outage else self.options.db_deadline + 1)
                 self._pool.stop()
             if lost is not None:
                 raise lost
@@ -167,6 +172,8 @@ class Worker:
             raise self._guard.lost
         if not self._guard.held:
             return self.poll  # no claim while the name is in doubt
+        if self._pool.capacity <= 0:
+            return self.poll  # full: nothing to claim, and nothing learnt of the database
         try:
             self._generation = retry.replace_if_outage(self._generation)
             claimed, took_back = self._claim()
@@ -191,8 +198,6 @@ class Worker:
         """Claim runs up to the free capacity: the ones parked under this name
         first when a take-back is due. Returns (runs, whether taken back)."""
         capacity = self._pool.capacity
-        if capacity <= 0:
-            return [], False
         now = time.monotonic()
         if now >= self._next_take_back:
             self._take_back = True
@@ -303,6 +308,7 @@ class Worker:
         if self._pool.in_flight:
             self._requeue_leftovers()
         events.announce("worker_stopped", worker=self.name)
+        self._stopped_announced = True
 
     def _requeue_leftovers(self):
         """Requeue the runs still executing at the deadline; if the database
@@ -332,10 +338,11 @@ class Worker:
     def _exit_now(self):
         """The last-resort deadline of a standalone worker: a database call
         still blocks the drain. Name the runs left parked and exit."""
-        parked = list(self._pool.in_flight.copy())
-        if parked:
-            self._announce_parked(parked)
-        events.announce("worker_stopped", worker=self.name)
+        if not self._stopped_announced:
+            parked = list(self._pool.in_flight.copy())
+            if parked:
+                self._announce_parked(parked)
+            events.announce("worker_stopped", worker=self.name)
         for handler in logging.getLogger().handlers + logging.getLogger("everystep").handlers:
             handler.flush()
         sys.stdout.flush()
