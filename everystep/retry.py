@@ -85,6 +85,17 @@ def is_contention(exc):
     return code in _MYSQL_CONTENTION_CODES or "database is locked" in str(cause).lower()
 
 
+def is_too_large(exc):
+    """Whether `exc` is the database refusing a value as too large: MySQL's
+    packet over ``max_allowed_packet`` (1153) or data too long (1406),
+    PostgreSQL's program limit exceeded (54000)."""
+    cause = exc.__cause__ or exc
+    if type(cause).__module__.startswith("psycopg"):
+        return (getattr(cause, "sqlstate", None) or "").startswith("54")
+    code = cause.args[0] if cause.args else None
+    return code in (1153, 1406)
+
+
 def is_configuration_error(exc):
     """Whether `exc` says the database settings cannot work (a wrong password,
     an unknown user, database or host) rather than that it is unreachable.

@@ -261,9 +261,14 @@ def _lost(run):
 
 def _guarded(operation, what):
     """Run one of the engine's own database operations from inside a workflow
-    body: transient errors are retried; any other error is wrapped so that
-    workflow code cannot swallow it."""
+    body: transient errors are retried; a value the database refuses as too
+    large fails the run like any unstorable value (`EverystepError`); any
+    other error is wrapped so that workflow code cannot swallow it."""
     try:
         return retry.retrying(operation, what=what)
     except Exception as exc:
+        if retry.is_too_large(exc):
+            raise EverystepError(
+                f"the database cannot store this while {what}: {retry.one_line(exc)}"
+            ) from exc
         raise EngineError(exc) from exc

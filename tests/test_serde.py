@@ -169,3 +169,37 @@ def test_an_outcome_over_the_size_limit_fails_the_run_instead_of_retrying_foreve
 
     fits = run_to_end(workflows.large_outcome, 1024 * 1024)
     assert fits.status == Workflow.Status.COMPLETED and fits.result == 1024 * 1024
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.backends("mariadb")
+def test_an_outcome_over_the_servers_max_allowed_packet_fails_the_run_with_a_clear_error():
+    """A server configured with a packet limit below everystep's own refuses
+    the record: the run fails saying so, it is not retried forever."""
+    import threading
+
+    from django.db import connection
+
+    from everystep import runner
+    from tests.helpers import claim_one
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@global.max_allowed_packet")
+        (before,) = cursor.fetchone()
+        cursor.execute("SET GLOBAL max_allowed_packet = 1048576")
+    connection.close()  # the limit applies to connections opened from now on
+    try:
+        run = schedule(workflows.large_outcome, 2 * 1024 * 1024)
+        claimed = claim_one()
+        attempt = threading.Thread(target=runner.execute, args=(claimed,), daemon=True)
+        attempt.start()
+        attempt.join(60)
+        assert not attempt.is_alive(), "the record was retried instead of failing the run"
+    finally:
+        connection.close()
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET GLOBAL max_allowed_packet = {before}")
+    run.refresh_from_db()
+    assert run.status == Workflow.Status.FAILED
+    assert "max_allowed_packet" in run.error["message"]
+    assert "cannot store" in run.error["message"]
