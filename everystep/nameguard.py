@@ -59,17 +59,14 @@ class NameGuard:
         warned = False
         while True:
             try:
-                acquired = retry.retrying(
+                acquired = retry.first_contact(
                     lambda attempt: self.lock.try_acquire(),
                     what=f"taking the lock on worker name {self.name}",
                     should_stop=stopped.is_set,
-                    fatal=retry.is_configuration_error,
                 )
-            except Exception as exc:
-                if retry.is_configuration_error(exc):
-                    raise ConfigurationError(
-                        f"the database refuses these settings: {retry.one_line(exc)}"
-                    ) from None
+            except ConfigurationError:
+                raise
+            except Exception:
                 if stopped.is_set():
                     return False
                 raise

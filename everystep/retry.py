@@ -19,6 +19,7 @@ import time
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connection, connections
 
 from everystep import deadline, events
+from everystep.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +214,20 @@ def retrying(operation, *, what, should_stop=None, fatal=None):
         else:
             outage.succeeded()
             return result
+
+
+def first_contact(operation, *, what, should_stop=None):
+    """`retrying` for a process's first operations on the database: an error
+    saying the settings cannot work (`is_configuration_error`) raises
+    `ConfigurationError` at once instead of being retried as an outage."""
+    try:
+        return retrying(operation, what=what, should_stop=should_stop, fatal=is_configuration_error)
+    except Exception as exc:
+        if is_configuration_error(exc):
+            raise ConfigurationError(
+                f"the database refuses these settings: {one_line(exc)}"
+            ) from None
+        raise
 
 
 def one_line(exc):

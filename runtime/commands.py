@@ -207,19 +207,14 @@ def _migrate_or_refuse():
     from django.db import connection
 
     from everystep import retry
+    from everystep.errors import ConfigurationError
 
     try:
-        pending = retry.retrying(
-            lambda attempt: _pending_migrations(),
-            what="checking migrations",
-            fatal=retry.is_configuration_error,
+        pending = retry.first_contact(
+            lambda attempt: _pending_migrations(), what="checking migrations"
         )
-    except Exception as exc:
-        if retry.is_configuration_error(exc):
-            raise UsageError(
-                f"the database refuses these settings: {retry.one_line(exc)}"
-            ) from None
-        raise
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
     if not pending:
         return
     if connection.vendor == "sqlite":

@@ -132,3 +132,45 @@ class sentry_events:
 
         sentry_sdk.get_client().flush()
         sentry_sdk.init(dsn=None)
+
+
+def driver_connection(url, timeout=5, read_timeout=None):
+    """A raw driver connection in autocommit to the database at `url`
+    (psycopg or PyMySQL), bypassing Django; `read_timeout` bounds each
+    read on MariaDB (libpq has none)."""
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme.startswith("postgres"):
+        import psycopg
+
+        return psycopg.connect(url, autocommit=True, connect_timeout=timeout)
+    import pymysql
+
+    return pymysql.connect(
+        host=parts.hostname,
+        port=parts.port,
+        user=unquote(parts.username or ""),
+        password=unquote(parts.password or ""),
+        database=parts.path.lstrip("/"),
+        autocommit=True,
+        connect_timeout=timeout,
+        read_timeout=read_timeout,
+        write_timeout=read_timeout,
+    )
+
+
+def park(workflow_func, *args, worker):
+    """A run of `workflow_func` left ``running`` under the name `worker`, as
+    a process that died (or lost a claim's reply) leaves it."""
+    import uuid
+
+    from everystep.models import Workflow
+
+    return Workflow.objects.create(
+        name=workflow_func.__everystep_workflow__,
+        args=list(args),
+        status=Workflow.Status.RUNNING,
+        claimed_by=worker,
+        claim_token=uuid.uuid4(),
+    )

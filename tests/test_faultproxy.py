@@ -7,12 +7,11 @@ import socket
 import threading
 import time
 import uuid
-from urllib.parse import unquote, urlsplit
 
 import pytest
 
 from tests.faultproxy import FaultProxy, ProxyError, fault_proxy  # noqa: F401
-from tests.helpers import database_url, wait_until
+from tests.helpers import database_url, driver_connection, wait_until
 from tests.plugin import current_backend
 
 pytestmark = pytest.mark.backends("postgres", "mariadb")
@@ -30,12 +29,7 @@ class Client:
 
     def __init__(self, url, deadline=10.0):
         self.deadline = deadline
-        if current_backend() == "postgres":
-            import psycopg
-
-            self.connection = psycopg.connect(url, autocommit=True, connect_timeout=10)
-        else:
-            self.connection = _pymysql_connect(url, deadline)
+        self.connection = driver_connection(url, timeout=10, read_timeout=deadline)
 
     def fileno(self):
         if current_backend() == "postgres":
@@ -62,23 +56,6 @@ class Client:
             self.connection.close()
         except Exception:
             pass
-
-
-def _pymysql_connect(url, deadline):
-    import pymysql
-
-    parts = urlsplit(url)
-    return pymysql.connect(
-        host=parts.hostname,
-        port=parts.port,
-        user=unquote(parts.username or ""),
-        password=unquote(parts.password or ""),
-        database=parts.path.lstrip("/"),
-        autocommit=True,
-        connect_timeout=10,
-        read_timeout=deadline,
-        write_timeout=deadline,
-    )
 
 
 def _shut_down(fileno):

@@ -8,11 +8,10 @@ import subprocess
 import sys
 import threading
 import time
-from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from tests.helpers import wait_until
+from tests.helpers import driver_connection, wait_until
 from tests.netns import Namespace
 from tests.plugin import current_backend
 
@@ -65,22 +64,7 @@ def _healed(namespace):
 
 def connect(url):
     """A raw driver connection in autocommit (made inside the namespace by ns.call)."""
-    if current_backend() == "postgres":
-        import psycopg
-
-        return psycopg.connect(url, autocommit=True, connect_timeout=DEADLINE)
-    import pymysql
-
-    parts = urlsplit(url)
-    return pymysql.connect(
-        host=parts.hostname,
-        port=parts.port,
-        user=unquote(parts.username),
-        password=unquote(parts.password or ""),
-        database=parts.path[1:],
-        autocommit=True,
-        connect_timeout=DEADLINE,
-    )
+    return driver_connection(url, timeout=DEADLINE)
 
 
 def driver_errors():

@@ -3,7 +3,6 @@ for a workflow no live worker has, and requeue's refusal of a live worker."""
 
 import datetime
 import os
-import uuid
 
 import pytest
 from django.utils import timezone
@@ -11,7 +10,7 @@ from django.utils import timezone
 from everystep import operations, schedule
 from everystep.models import Worker, Workflow
 from tests import workflows
-from tests.helpers import wait_until
+from tests.helpers import park, wait_until
 from tests.workerproc import stop_embedded
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -51,13 +50,7 @@ def test_runs_of_a_workflow_no_live_worker_has_are_listed_as_unclaimable(embedde
 
 
 def test_requeue_is_refused_while_the_worker_is_alive_and_holds_its_name(embedded_worker):
-    parked = Workflow.objects.create(
-        name=workflows.quick.__everystep_workflow__,
-        args=[1],
-        status="running",
-        claimed_by="alive",
-        claim_token=uuid.uuid4(),
-    )
+    parked = park(workflows.quick, 1, worker="alive")
     worker = embedded_worker(name="alive", catchup=False)
     wait_until(lambda: Worker.objects.filter(name="alive", state="ready").exists())
     with pytest.raises(operations.WorkerAlive, match="'alive' is alive"):
@@ -76,13 +69,7 @@ def test_django_projects_have_requeue_as_a_management_command(embedded_worker):
 
     from django.core.management import CommandError, call_command
 
-    parked = Workflow.objects.create(
-        name=workflows.quick.__everystep_workflow__,
-        args=[1],
-        status="running",
-        claimed_by="crashed",
-        claim_token=uuid.uuid4(),
-    )
+    parked = park(workflows.quick, 1, worker="crashed")
     worker = embedded_worker(name="crashed", catchup=False)
     wait_until(lambda: Worker.objects.filter(name="crashed", state="ready").exists())
     with pytest.raises(CommandError, match="is alive") as refused:

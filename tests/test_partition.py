@@ -16,11 +16,10 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from tests.helpers import wait_until
+from tests.helpers import driver_connection, wait_until
 from tests.netns import Namespace, NamespacedServer
 from tests.plugin import current_backend
 from tests.workerproc import REPO, manage_py_environment, timed_wait
@@ -98,25 +97,7 @@ class Inside:
 
 def read_runs(url):
     """Every run's (status, claimed_by) by id: on a connection of its own, closed after."""
-    parts = urlsplit(url)
-    if parts.scheme.startswith("postgres"):
-        import psycopg
-
-        conn = psycopg.connect(url, autocommit=True, connect_timeout=5)
-    else:
-        import pymysql
-
-        conn = pymysql.connect(
-            host=parts.hostname,
-            port=parts.port,
-            user=unquote(parts.username),
-            password=unquote(parts.password or ""),
-            database=parts.path[1:],
-            autocommit=True,
-            connect_timeout=5,
-            read_timeout=10,
-            write_timeout=10,
-        )
+    conn = driver_connection(url, timeout=5, read_timeout=10)
     try:
         with conn.cursor() as cursor:
             cursor.execute("SELECT id, status, claimed_by FROM everystep_workflow")

@@ -7,7 +7,6 @@ import signal
 import socket
 import sys
 import time
-import uuid
 
 import pytest
 from django.db import InterfaceError, OperationalError, connection, connections
@@ -15,7 +14,7 @@ from django.db import InterfaceError, OperationalError, connection, connections
 from everystep import deadline, retry, schedule, store, timeouts
 from everystep.models import Workflow
 from tests import workflows
-from tests.helpers import database_url, statuses, wait_until
+from tests.helpers import database_url, park, statuses, wait_until
 from tests.workerproc import manage_py_environment, stop_embedded, timed_wait
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -97,13 +96,7 @@ def test_a_run_stranded_under_the_live_workers_own_name_is_taken_back(spawn_work
     """A claim whose reply was lost after its commit leaves a run ``running``
     under this worker's name; the worker takes it back within a minute."""
     worker = spawn_worker("keeper", "--poll", "0.05").wait_ready()
-    stranded = Workflow.objects.create(
-        name=workflows.quick.__everystep_workflow__,
-        args=[5],
-        status=Workflow.Status.RUNNING,
-        claimed_by="keeper",
-        claim_token=uuid.uuid4(),
-    )
+    stranded = park(workflows.quick, 5, worker="keeper")
     wait_until(
         lambda: statuses([stranded.id]) == {"completed": 1},
         timeout=60,
