@@ -234,3 +234,23 @@ def test_schedule_reads_large_arguments_from_standard_input_or_a_file(everystep,
 
     usage = everystep("schedule", "--help").stdout
     assert "standard input" in usage and "@PATH" in usage
+
+
+def test_check_lists_the_runs_that_wait_for_a_workflow_no_live_worker_has(everystep, pyz_worker):
+    from everystep.models import Worker
+
+    newer = Workflow.objects.create(name="newer.module.workflow", args=[1])
+    worker = pyz_worker("older").wait_ready()
+    wait_until(lambda: Worker.objects.filter(name="older", state="ready").exists())
+    known = Workflow.objects.create(name="tests.workflows.quick", args=[1])
+    wait_until(lambda: Workflow.objects.get(id=known.id).status == "completed")
+
+    result = everystep("check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    waiting = [line for line in result.stdout.splitlines() if line.startswith("waiting:")]
+    assert waiting == [
+        "waiting:    1 scheduled run(s) of newer.module.workflow: no live worker has this workflow"
+    ]
+    assert Workflow.objects.get(id=newer.id).status == "scheduled"
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0
