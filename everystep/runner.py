@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
 from everystep import context, events, registry, retry, serde, store
@@ -156,7 +156,11 @@ def refuse_inside_transaction(what):
     """Raise `EverystepError` when this thread is inside ``transaction.atomic()``
     on any database: a step's record (or its effect) would ride the body's
     transaction, and a rollback would lose one without the other."""
-    for db in connections.all(initialized_only=True):
+    if len(connections.settings) == 1:
+        databases = (connections[DEFAULT_DB_ALIAS],)
+    else:
+        databases = connections.all(initialized_only=True)
+    for db in databases:
         if db.in_atomic_block:
             raise EverystepError(
                 f"{what} was called inside transaction.atomic() (database {db.alias!r}) "

@@ -217,7 +217,11 @@ def transition(run_ids, from_status, to_status, *, fenced_on=None, **fields):
         fields = {"claimed_by": None, "claimed_at": None, **fields}
     if to_status in Workflow.TERMINAL:
         fields.setdefault("completed_at", timezone.now())
-    runs = Workflow.objects.filter(id__in=run_ids, status=from_status)
+    run_ids = list(run_ids)
+    one = len(run_ids) == 1  # the runner's own moves: a plain lookup compiles faster
+    runs = Workflow.objects.filter(
+        status=from_status, **({"id": run_ids[0]} if one else {"id__in": run_ids})
+    )
     if fenced_on is not None:
         runs = runs.filter(claim_token=fenced_on)
     return runs.update(status=to_status, **fields)
