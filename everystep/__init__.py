@@ -32,14 +32,22 @@ _NAMES = {
 _SUBMODULES = {
     "api",
     "context",
+    "deadline",
     "errors",
+    "events",
     "models",
+    "nameguard",
+    "operations",
+    "options",
+    "pool",
     "recovery",
     "registry",
     "retry",
     "runner",
     "serde",
+    "shutdown",
     "store",
+    "timeouts",
     "worker",
 }
 
