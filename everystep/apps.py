@@ -10,8 +10,9 @@ class EverystepConfig(AppConfig):
 
     When ready it imports every installed app's ``workflows`` module and the
     modules listed in the ``EVERYSTEP_WORKFLOWS`` setting, so that a worker
-    knows every ``@workflow`` it may be asked to run, and tunes each new
-    MySQL/MariaDB connection's socket (`everystep.timeouts`).
+    knows every ``@workflow`` it may be asked to run, tunes each new
+    MySQL/MariaDB connection's socket (`everystep.timeouts`) and notes each
+    new connection's server session (`everystep.sessions`).
     """
 
     name = "everystep"
@@ -22,9 +23,10 @@ class EverystepConfig(AppConfig):
         from django.db.backends.signals import connection_created
         from django.utils.module_loading import autodiscover_modules
 
-        from everystep import timeouts
+        from everystep import sessions, timeouts
 
-        connection_created.connect(timeouts.on_connection_created, dispatch_uid="everystep")
+        for receiver in (timeouts.on_connection_created, sessions.on_connection_created):
+            connection_created.connect(receiver, dispatch_uid=receiver.__module__)
 
         autodiscover_modules("workflows")
         import_workflow_modules(getattr(settings, "EVERYSTEP_WORKFLOWS", ()))

@@ -68,6 +68,11 @@ EVENTS = {
         WARNING, "database unreachable while {what}, retrying with backoff: {error}"
     ),
     "db_recovered": Event(INFO, "database reachable again after {seconds:.1f}s"),
+    "sessions_ended": Event(
+        INFO,
+        "ended {count} database session(s) left open by connections cut off earlier: "
+        "{session_list}",
+    ),
     "loop_error": Event(ERROR, "worker {worker}: error in the worker loop, retrying: {error}"),
     "drain": Event(
         INFO, "worker {worker} draining {count} run(s): each is requeued at its next step{until}"

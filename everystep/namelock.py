@@ -139,10 +139,6 @@ class _ConnectionLock(NameLock):
                 return False  # the session is still ending: try again next check
         self._lost = False
         return True
-        raise NameLost(
-            f"worker name {self.name!r} was taken by another process while this worker's "
-            f"lock was lost: exiting so the name has one live holder"
-        )
 
     def release(self):
         if self._connection is None:

@@ -19,7 +19,7 @@ import time
 
 from django.db import connections
 
-from everystep import deadline, retry
+from everystep import deadline, retry, sessions
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class Listener:
                 delays = retry.backoff_delays(first=0.1)
             except Exception as exc:  # noqa: BLE001 - reconnect and listen again
                 logger.debug("listener connection lost (%s); reconnecting", exc)
+                sessions.abandon(wrapper)
                 self._stop.wait(next(delays))
             finally:
                 try:
@@ -71,6 +72,7 @@ class Listener:
             for _ in raw.notifies(timeout=0.5):
                 self.on_notify()
             if retry.outage.generation != generation:
+                sessions.abandon(wrapper)
                 return  # held through an outage: listen again on a new connection
             if time.monotonic() >= next_ping:
                 with deadline.guard(wrapper, "checking the listening connection"):

@@ -16,9 +16,9 @@ import random
 import threading
 import time
 
-from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connection, connections
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 
-from everystep import deadline, events
+from everystep import deadline, events, sessions
 from everystep.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -156,16 +156,29 @@ def replace_if_outage(seen):
     """Reset this thread's connection if an outage began since generation
     `seen` (it may be cut off silently); returns the generation now."""
     if outage.generation != seen:
-        reset_connection()
+        reset_connection(cut_off=True)
     return outage.generation
 
 
-def reset_connection():
-    """Drop this thread's connection so the next query opens a fresh one."""
+def reset_connection(cut_off=False):
+    """Drop this thread's connection so the next query opens a fresh one.
+    `cut_off`: it may have been cut off without the server's knowledge, so
+    its session is remembered to be ended later (`everystep.sessions`)."""
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    if cut_off:
+        sessions.abandon(wrapper)
+    else:
+        sessions.forget(wrapper)
     try:
-        connection.close()
+        wrapper.close()
     except Exception:  # noqa: BLE001 - the connection is already broken
         pass
+
+
+def drop_after(exc):
+    """Drop this thread's connection after the database error `exc`; a
+    connection error (not contention: the server answered) may have cut it off."""
+    reset_connection(cut_off=is_transient(exc) and not is_contention(exc))
 
 
 def backoff_delays(first=0.05, cap=MAX_BACKOFF):
@@ -208,7 +221,7 @@ def retrying(operation, *, what, should_stop=None, fatal=None):
                 one_line(exc),
                 extra={"action": "db_retry"},
             )
-            reset_connection()
+            drop_after(exc)
             time.sleep(delay)
             attempt += 1
         else:

@@ -22,6 +22,8 @@ retry their writes, and a worker that has to exit while the database is
 unreachable leaves its runs parked under its name for its next start. A
 database that goes silent is noticed by the deadline on every operation
 (`everystep.deadline`), and stopping never hangs on it (`everystep.shutdown`).
+The sessions that connections cut off left on the server, with the row
+locks they hold, are ended once it answers again (`everystep.sessions`).
 
 No run is stranded under a live worker: at least every `TAKE_BACK_INTERVAL`
 seconds, and after any failed claim (whose reply may have been lost after
@@ -44,7 +46,7 @@ import time
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
-from everystep import deadline, events, registry, retry, runner, store, timeouts
+from everystep import deadline, events, registry, retry, runner, sessions, store, timeouts
 from everystep.models import Worker as WorkerRow
 from everystep.nameguard import NameGuard, NameHeld
 from everystep.namelock import NameLost
@@ -172,6 +174,8 @@ class Worker:
             raise self._guard.lost
         if not self._guard.held:
             return self.poll  # no claim while the name is in doubt
+        if sessions.pending() and retry.outage.since is None:
+            self._end_abandoned_sessions()
         if self._pool.capacity <= 0:
             return self.poll  # full: nothing to claim, and nothing learnt of the database
         try:
@@ -215,6 +219,17 @@ class Worker:
             self._next_take_back = now + TAKE_BACK_INTERVAL
         return claimed, took_back
 
+    def _end_abandoned_sessions(self):
+        """The database answers: end the sessions that connections cut off
+        earlier left on the server, with the row locks they may hold — until
+        then the runs they locked are invisible to claims, parked ones
+        included, so a take-back follows."""
+        try:
+            if sessions.end_abandoned(connections[DEFAULT_DB_ALIAS]):
+                self._take_back = True
+        except Exception as exc:  # noqa: BLE001 - still remembered: tried again next turn
+            retry.drop_after(exc)
+
     def _heartbeat(self, lock_connection):
         """Called by the name guard after each check of the lock, with the
         lock's own connection (None for a file lock)."""
@@ -233,8 +248,8 @@ class Worker:
         try:
             with deadline.guard(connections[DEFAULT_DB_ALIAS], f"recording state {state}"):
                 store.worker_heartbeat(self.name, state, len(self._pool.in_flight))
-        except Exception:  # noqa: BLE001 - only the workers list shows it
-            retry.reset_connection()
+        except Exception as exc:  # noqa: BLE001 - only the workers list shows it
+            retry.drop_after(exc)
 
     def _loop_failed(self, exc):
         """A turn failed: an outage (announced once) or a bug (logged with its
@@ -251,7 +266,7 @@ class Worker:
                 error=retry.one_line(exc),
             )
         self._take_back = True
-        retry.reset_connection()
+        retry.drop_after(exc)
         if self._delays is None:
             self._delays = retry.backoff_delays(first=self.poll)
         return next(self._delays)

@@ -8,7 +8,7 @@ faults are switched from any thread at any time; each control returns once
 it is in force on the existing and the new connections:
 
 - `pass_through()`: forward everything (the initial state; it also drops
-  the latency and a pending `lose_next_reply`).
+  the latency, a pending `lose_next_reply` and a pending `silence_after`).
 - `blackhole()`: the database goes silent without closing a socket. The
   connections open now stay open, what either side sends is read and
   discarded and nothing is forwarded, not even a close: the server never
@@ -29,13 +29,18 @@ it is in force on the existing and the new connections:
   both sides: a reply lost after the server committed. Later replies pass.
 - `lose_reply_to(pattern)`: the same for the reply to the next request
   whose bytes hold `pattern`, on that request's connection only.
+- `silence_after(pattern)`: pass-through; the next request whose bytes hold
+  `pattern` reaches the server, and from its reply on that connection goes
+  silent as in a blackhole: the server still holds the session, inside its
+  transaction if one was open. Other connections pass.
 - `latency(seconds)`: every chunk read from now on is forwarded that much
   later, in order (a round trip takes at least twice as long); the other
   faults are unchanged.
 - `close()`: stop the proxy; every connection is reset, the port released.
 
 Counters (`accepted`, `bytes_to_server`, `bytes_to_client`,
-`bytes_discarded`, `replies_lost`, `open_connections`) show what really went
+`bytes_discarded`, `replies_lost`, `connections_silenced`,
+`open_connections`) show what really went
 through. One daemon thread serves all connections with a selector; it
 sleeps until a socket is ready, a delayed chunk falls due or a control
 arrives. Queued data is bounded per direction (reading stops while the
@@ -94,6 +99,7 @@ class _Connection:
         self.connecting = connecting
         self.silent = False
         self.lose_reply = False  # the next reply on this connection is lost
+        self.silence_on_reply = False  # the next reply silences this connection
         self.up = _Direction()  # client -> server
         self.down = _Direction()  # server -> client
 
@@ -117,10 +123,13 @@ class FaultProxy:
         self.bytes_to_client = 0
         self.bytes_discarded = 0
         self.replies_lost = 0
+        self.connections_silenced = 0
         self._mode = PASS
         self._latency = 0.0
         self._lose_armed = False
+        self._silence_pattern = None
         self._lose_pattern: bytes | None = None
+        self._silence_pattern: bytes | None = None
         self._connections: set[_Connection] = set()
         self._interest: dict[socket.socket, int] = {}
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -188,6 +197,12 @@ class FaultProxy:
         statement, a value it writes) is swallowed after the server ran it,
         and that connection is reset — a reply lost after a commit."""
         self._control(lambda: self._do_lose_reply_to(pattern))
+
+    def silence_after(self, pattern: bytes) -> None:
+        """Pass-through; the connection that sends the next request holding
+        `pattern` goes silent once the server has run it — cut off in the
+        middle of whatever it was doing, unknown to the server."""
+        self._control(lambda: self._do_silence_after(pattern))
 
     def latency(self, seconds: float) -> None:
         if seconds < 0:
@@ -257,6 +272,10 @@ class FaultProxy:
     def _do_lose_reply_to(self, pattern):
         self._set_mode(PASS)
         self._lose_pattern = pattern
+
+    def _do_silence_after(self, pattern):
+        self._set_mode(PASS)
+        self._silence_pattern = pattern
 
     def _do_stop(self):
         self._stopping = True
@@ -377,6 +396,18 @@ class FaultProxy:
         if direction is conn.up and self._lose_pattern is not None and self._lose_pattern in data:
             self._lose_pattern = None
             conn.lose_reply = True
+        if (
+            direction is conn.up
+            and self._silence_pattern is not None
+            and self._silence_pattern in data
+        ):
+            self._silence_pattern = None
+            conn.silence_on_reply = True
+        if direction is conn.down and conn.silence_on_reply:
+            conn.silence_on_reply = False
+            conn.silent = True
+            self.connections_silenced += 1
+            self.bytes_discarded += conn.up.drop() + conn.down.drop()
         if conn.silent:
             self.bytes_discarded += len(data)
         elif direction is conn.down and (self._lose_armed or conn.lose_reply):

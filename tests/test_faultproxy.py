@@ -240,6 +240,33 @@ def test_a_lost_reply_fails_the_client_though_the_insert_committed(proxy, client
         direct.query(f"DROP TABLE {table}")
 
 
+def test_silence_after_cuts_one_connection_off_inside_its_transaction(proxy, clients):
+    direct = clients(database_url())
+    table = f"faultproxy_{uuid.uuid4().hex[:12]}"
+    direct.query(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY)")
+    direct.query(f"INSERT INTO {table} (id) VALUES (1)")
+    try:
+        client = clients(proxy.url(database_url()), deadline=DEADLINE)
+        (session,) = client.query(session_id_sql())[0]
+        client.query("BEGIN")
+
+        proxy.silence_after(b"FOR UPDATE")
+        error, elapsed = timed(client.query, f"SELECT id FROM {table} WHERE id = 1 FOR UPDATE")
+        assert isinstance(error, driver_errors()), error
+        assert elapsed >= DEADLINE
+        assert proxy.connections_silenced == 1
+        # The server ran the locking read and keeps the session, in its
+        # transaction, with the row locked.
+        assert session_exists(direct, session)
+        assert direct.query(f"SELECT id FROM {table} FOR UPDATE SKIP LOCKED") == []
+        # The other connections pass.
+        assert clients(proxy.url(database_url())).query("SELECT 1") == [(1,)]
+    finally:
+        proxy.reset()
+        wait_until(lambda: not session_exists(direct, session), 10, message="the session to end")
+        direct.query(f"DROP TABLE {table}")
+
+
 def test_latency_delays_every_chunk(proxy, clients):
     client = clients(proxy.url(database_url()))
     client.query("SELECT 1")

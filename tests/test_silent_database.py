@@ -11,7 +11,7 @@ from django.db import connection
 from everystep import schedule
 from everystep.models import Step
 from tests import workflows
-from tests.helpers import database_url, statuses, wait_until
+from tests.helpers import database_url, park, statuses, wait_until
 from tests.test_worker_shutdown import opened, started
 from tests.workerproc import timed_wait
 
@@ -24,13 +24,28 @@ def proxied_worker(spawn_worker, proxy, name, *args):
     return spawn_worker(name, "--poll", "0.05", *args, env=env).wait_ready()
 
 
+def server_sessions():
+    """The ids of the sessions on the test server, but the test's own."""
+    if connection.vendor == "postgresql":
+        sql = (
+            "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND datname IS NOT NULL"
+        )
+    else:
+        sql = "SELECT id FROM information_schema.processlist WHERE id <> CONNECTION_ID()"
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return {row[0] for row in cursor.fetchall()}
+
+
 def test_a_silent_database_is_noticed_within_30s_and_runs_complete_within_15s_of_its_return(
     fault_proxy, spawn_worker
 ):
     proxy = fault_proxy(database_url())
+    others = server_sessions()
     worker = proxied_worker(spawn_worker, proxy, "patient", "--pool", "4")
     runs = [schedule(workflows.napping, 0.2, 10).id for _ in range(8)]
     wait_until(lambda: statuses(runs).get("completed", 0) >= 1, message="work under way")
+    cut_off = server_sessions() - others
 
     proxy.blackhole()
     silent_at = time.monotonic()
@@ -49,6 +64,39 @@ def test_a_silent_database_is_noticed_within_30s_and_runs_complete_within_15s_of
     assert healed < 15, f"runs completed {healed:.1f}s after the database came back"
     assert "database reachable again" in worker.log()
     print(f"silent database: noticed in {noticed:.1f}s, runs done {healed:.1f}s after healing")
+    # The server never learned that those connections were cut off: the
+    # worker ends their sessions itself.
+    wait_until(
+        lambda: not server_sessions() & cut_off,
+        timeout=15,
+        message=f"the sessions of the cut-off connections to end ({cut_off} before)",
+    )
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0
+
+
+def test_a_connection_cut_off_inside_a_claim_leaves_no_run_locked_behind(fault_proxy, spawn_worker):
+    """The take-back's locking read reaches the server, then its connection
+    goes silent: the server keeps that session, inside its transaction, with
+    the runs' rows locked, so every claim skips them. Once the database
+    answers, the worker ends the session it gave up and claims the runs."""
+    runs = [park(workflows.quick, n, worker="unlocked").id for n in range(3)]
+    proxy = fault_proxy(database_url())
+    proxy.silence_after(b"FOR UPDATE SKIP LOCKED")  # the claim's locking read
+    env = {"EVERYSTEP_DATABASE_URL": proxy.url(database_url())}
+    began = time.monotonic()
+    worker = spawn_worker("unlocked", "--poll", "0.05", "--db-deadline", "3", env=env)
+    wait_until(
+        lambda: statuses(runs) == {"completed": len(runs)},
+        timeout=60,
+        message="the runs whose rows the cut-off session had locked to complete",
+    )
+    took = time.monotonic() - began
+    assert proxy.connections_silenced == 1
+    assert "claiming runs" in worker.log(), worker.log()
+    assert "database session(s) left open by connections cut off" in worker.log(), worker.log()
+    assert took < 30, f"the runs completed {took:.1f}s after the worker started"
+    print(f"a claim cut off with its rows locked: the runs completed after {took:.1f}s")
     worker.send(signal.SIGTERM)
     assert worker.wait() == 0
 

@@ -1,0 +1,150 @@
+"""Server sessions left behind by connections the engine gave up on, and ending them.
+
+A connection given up on — cut off by the deadline, or replaced after an
+outage — may still be alive on the server: a silent network never told the
+server that the client went away. Such a session keeps a connection slot
+and, when it was inside a transaction, its row locks: the runs that a claim
+had just locked stay invisible to every ``SKIP LOCKED`` claim until the
+server's own timeouts end the session, hours later by default.
+
+So when the engine drops a connection that may have been cut off, it leaves
+the session's id here (`abandon`, read from the driver: no round trip), and
+once the database answers again the worker ends the ones still on the
+server (`end_abandoned`). A session id is trusted only where it cannot have
+been reused: a PostgreSQL pid must belong to a backend as old as the
+connection that opened it, and a MariaDB/MySQL connection id to a server
+that has been up since that connection opened.
+"""
+
+import threading
+import time
+from collections import deque
+
+from django.db import DatabaseError
+
+from everystep import deadline, events
+
+MAX_REMEMBERED = 1000  # a long flapping outage must not grow the list without bound
+NOTED_PER_CONNECTION = 8
+
+# A session of ours (same user) whose backend is as old as the connection
+# that opened it (`age` seconds, less a second for the connect): a pid reused
+# by a backend started after ours ended is younger.
+_PG_END_SQL = """
+    SELECT a.pid, pg_terminate_backend(a.pid)
+      FROM pg_stat_activity a
+      JOIN unnest(%s::int[], %s::float8[]) AS abandoned(pid, age) ON a.pid = abandoned.pid
+     WHERE a.usename = current_user
+       AND a.pid <> pg_backend_pid()
+       AND a.backend_start <= now() - (abandoned.age - 1) * interval '1 second'
+"""
+_MYSQL_LIVE_SQL = """
+    SELECT ID FROM information_schema.PROCESSLIST
+     WHERE ID IN ({ids}) AND ID <> CONNECTION_ID()
+       AND USER = SUBSTRING_INDEX(CURRENT_USER(), '@', 1)
+"""
+_MYSQL_UNKNOWN_THREAD = 1094
+
+_abandoned = {}  # session id → when its connection opened (monotonic)
+_lock = threading.Lock()
+
+
+def on_connection_created(sender, connection, **kwargs):
+    """Django's ``connection_created`` receiver: note the new session's id
+    and when it opened on the connection wrapper, read while the connection
+    is healthy (libpq forgets the id once the connection failed). The last
+    few are kept: Django may reconnect on its own after a failure (leaving a
+    transaction whose rollback failed) before the engine drops the wrapper's
+    connection."""
+    raw = connection.connection
+    if connection.vendor == "postgresql":
+        session = raw.info.backend_pid
+    elif connection.vendor == "mysql":
+        session = raw.thread_id()
+    else:
+        return
+    noted = connection.__dict__.setdefault("everystep_sessions", deque(maxlen=NOTED_PER_CONNECTION))
+    noted.append((session, time.monotonic()))
+
+
+def abandon(wrapper):
+    """Remember the sessions of `wrapper` (a Django connection), dropped or
+    about to be dropped without the server's knowledge, so that
+    `end_abandoned` ends those still on the server."""
+    noted = wrapper.__dict__.pop("everystep_sessions", None)
+    if not noted:
+        return  # no session, or ones already remembered or closed properly
+    with _lock:
+        for sid, opened_at in noted:
+            if len(_abandoned) >= MAX_REMEMBERED:
+                _abandoned.pop(next(iter(_abandoned)))
+            _abandoned[sid] = opened_at
+
+
+def forget(wrapper):
+    """`wrapper`'s sessions are closed properly: nothing to end."""
+    wrapper.__dict__.pop("everystep_sessions", None)
+
+
+def pending():
+    """Whether sessions wait to be ended."""
+    return bool(_abandoned)
+
+
+def end_abandoned(wrapper):
+    """End, through `wrapper`, the abandoned sessions still alive on the
+    server; forget them all once the server answered. Returns how many it
+    ended. Database errors propagate (the sessions stay remembered).
+    Only the engine's default database is ever remembered here."""
+    with _lock:
+        now = time.monotonic()
+        ages = {sid: now - opened_at for sid, opened_at in _abandoned.items()}
+    if not ages:
+        return 0
+    with deadline.guard(wrapper, "ending sessions left by cut-off connections"):
+        if wrapper.vendor == "postgresql":
+            ended = _end_postgresql(wrapper, ages)
+        else:
+            ended = _end_mysql(wrapper, ages)
+    with _lock:
+        for sid in ages:
+            _abandoned.pop(sid, None)
+    if ended:
+        events.announce(
+            "sessions_ended",
+            count=len(ended),
+            session_list=", ".join(str(sid) for sid in sorted(ended)),
+        )
+    return len(ended)
+
+
+def _end_postgresql(wrapper, ages):
+    with wrapper.cursor() as cursor:
+        cursor.execute(_PG_END_SQL, [list(ages), list(ages.values())])
+        return [pid for pid, terminated in cursor.fetchall() if terminated]
+
+
+def _end_mysql(wrapper, ages):
+    ids = ", ".join(str(int(sid)) for sid in ages)
+    with wrapper.cursor() as cursor:
+        cursor.execute(_MYSQL_LIVE_SQL.format(ids=ids))
+        live = [row[0] for row in cursor.fetchall()]
+        if not live:
+            return []
+        # Connection ids count up from 1 again after a restart: trust only
+        # the ids of connections opened since the server last started.
+        cursor.execute("SHOW GLOBAL STATUS LIKE 'Uptime'")
+        uptime = float(cursor.fetchone()[1])
+        ended = []
+        for sid in live:
+            if ages[sid] >= uptime:
+                continue
+            try:
+                cursor.execute(f"KILL CONNECTION {int(sid)}")
+            except DatabaseError as exc:
+                cause = exc.__cause__ or exc
+                if not cause.args or cause.args[0] != _MYSQL_UNKNOWN_THREAD:
+                    raise
+                continue  # it ended meanwhile
+            ended.append(sid)
+        return ended

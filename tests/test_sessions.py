@@ -1,0 +1,74 @@
+"""Sessions left on the server by connections the engine gave up on are
+ended once the database answers (§10): only those, and only while their id
+cannot name someone else's session."""
+
+import pytest
+from django.db import connection, connections
+
+from everystep import sessions
+from tests.helpers import wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backends("postgres", "mariadb")]
+
+
+def session_alive(session):
+    if connection.vendor == "postgresql":
+        sql = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
+    else:
+        sql = "SELECT count(*) FROM information_schema.processlist WHERE id = %s"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [session])
+        return cursor.fetchone()[0] == 1
+
+
+@pytest.fixture
+def other_connection():
+    """A second connection to the test database, as a worker thread has."""
+    wrapper = connections.create_connection("default")
+    wrapper.ensure_connection()
+    yield wrapper
+    wrapper.close()
+
+
+@pytest.fixture(autouse=True)
+def nothing_remembered():
+    sessions.end_abandoned.__globals__["_abandoned"].clear()
+    yield
+    sessions.end_abandoned.__globals__["_abandoned"].clear()
+
+
+def test_an_abandoned_session_still_on_the_server_is_ended(other_connection):
+    ((session, _),) = other_connection.everystep_sessions
+    sessions.abandon(other_connection)
+    assert sessions.pending()
+
+    assert sessions.end_abandoned(connection) == 1
+    wait_until(lambda: not session_alive(session), 10, message="the session to end")
+    assert not sessions.pending()
+
+
+def test_a_session_closed_properly_is_not_remembered(other_connection):
+    sessions.forget(other_connection)
+    sessions.abandon(other_connection)
+    assert not sessions.pending()
+
+
+def test_a_session_is_remembered_once(other_connection):
+    sessions.abandon(other_connection)
+    assert sessions.end_abandoned(connection) == 1
+    sessions.abandon(other_connection)
+    assert not sessions.pending()
+
+
+def test_a_session_younger_than_the_connection_that_was_abandoned_is_not_ended(
+    other_connection,
+):
+    """An id reused by a session that opened after ours (a PostgreSQL pid, a
+    MariaDB connection id after a restart) names someone else's session."""
+    ((session, opened_at),) = other_connection.everystep_sessions
+    other_connection.everystep_sessions[0] = (session, opened_at - 3600)  # opened an hour ago
+    sessions.abandon(other_connection)
+
+    assert sessions.end_abandoned(connection) == 0
+    assert session_alive(session)
+    assert not sessions.pending()
