@@ -88,6 +88,7 @@ class Worker:
         self._take_back = self.options.catchup  # take back parked runs on the next turn
         self._next_take_back = time.monotonic() + TAKE_BACK_INTERVAL
         self._generation = 0  # the outage the loop's connection has lived through
+        self._drained = False  # announced stopped once the rest is let go
         self._stopped_announced = False
         self._delays = None  # the loop's backoff while its database calls fail
         self._error_logged = 0.0
@@ -156,6 +157,8 @@ class Worker:
         finally:
             restore_signals()
             connection.close()
+            if self._drained:
+                self._announce_stopped()
 
     # The loop.
 
@@ -322,8 +325,7 @@ class Worker:
             self._wake.wait(0.5 if remaining is None else min(remaining, 0.5))
         if self._pool.in_flight:
             self._requeue_leftovers()
-        events.announce("worker_stopped", worker=self.name)
-        self._stopped_announced = True
+        self._drained = True
 
     def _requeue_leftovers(self):
         """Requeue the runs still executing at the deadline; if the database
@@ -350,14 +352,19 @@ class Worker:
             run_ids=list(run_ids),
         )
 
+    def _announce_stopped(self):
+        if not self._stopped_announced:
+            self._stopped_announced = True
+            events.announce("worker_stopped", worker=self.name)
+
     def _exit_now(self):
         """The last-resort deadline of a standalone worker: a database call
         still blocks the drain. Name the runs left parked and exit."""
         if not self._stopped_announced:
-            parked = list(self._pool.in_flight.copy())
+            parked = [] if self._drained else list(self._pool.in_flight.copy())
             if parked:
                 self._announce_parked(parked)
-            events.announce("worker_stopped", worker=self.name)
+            self._announce_stopped()
         for handler in logging.getLogger().handlers + logging.getLogger("everystep").handlers:
             handler.flush()
         sys.stdout.flush()
