@@ -6,12 +6,16 @@ actions, and so the same refusals.
 - `requeue`: put runs parked under a worker name back to ``scheduled``,
   refused while that worker is alive. It holds the worker's name lock
   across its UPDATE, so the worker cannot start and resume them meanwhile.
+- `workers`: every worker that has run on this database, what ``workers``
+  prints: a worker not stopped whose heartbeat is older than
+  `Worker.LOST_AFTER` seconds shows as ``lost``.
 - `live_workers` and `unclaimable`: who is running, and which scheduled
   runs wait for a workflow that no live worker has (a deploy in progress,
   or a module missing from ``EVERYSTEP_WORKFLOWS``).
 """
 
 import contextlib
+import dataclasses
 import datetime
 import uuid
 
@@ -97,12 +101,70 @@ def _holding_name(name):
         lock.release()
 
 
+LOST = "lost"  # the state a worker shows once its heartbeat is too old
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerStatus:
+    """A worker as operators see it: its row, with `state` derived (`LOST`
+    for a worker not stopped whose heartbeat is too old) and the age of its
+    heartbeat in seconds (0 for a heartbeat from a clock ahead of ours)."""
+
+    name: str
+    state: str
+    hostname: str
+    pid: int
+    version: str
+    pool_size: int
+    in_flight: int
+    started_at: datetime.datetime
+    heartbeat_at: datetime.datetime
+    heartbeat_age: float
+    stopped_at: datetime.datetime | None
+
+    @property
+    def live(self):
+        return self.state not in (LOST, Worker.State.STOPPED)
+
+
+def workers(now=None):
+    """Every worker that has run on this database, as `WorkerStatus`es:
+    the live ones first, each group by name."""
+    now = now or timezone.now()
+    cutoff = _lost_before(now)
+    rows = [
+        WorkerStatus(
+            name=row.name,
+            state=LOST if _lost(row, cutoff) else row.state,
+            hostname=row.hostname,
+            pid=row.pid,
+            version=row.version,
+            pool_size=row.pool_size,
+            in_flight=row.in_flight,
+            started_at=row.started_at,
+            heartbeat_at=row.heartbeat_at,
+            heartbeat_age=max(0.0, (now - row.heartbeat_at).total_seconds()),
+            stopped_at=row.stopped_at,
+        )
+        for row in Worker.objects.order_by("name")
+    ]
+    return sorted(rows, key=lambda row: not row.live)
+
+
 def live_workers(now=None):
     """The workers not stopped whose heartbeat is recent enough."""
-    now = now or timezone.now()
     return Worker.objects.exclude(state=Worker.State.STOPPED).filter(
-        heartbeat_at__gte=now - datetime.timedelta(seconds=Worker.LOST_AFTER)
+        heartbeat_at__gte=_lost_before(now or timezone.now())
     )
+
+
+def _lost(row, cutoff):
+    return row.state != Worker.State.STOPPED and row.heartbeat_at < cutoff
+
+
+def _lost_before(now):
+    """The heartbeat a worker not stopped must have renewed since to be live."""
+    return now - datetime.timedelta(seconds=Worker.LOST_AFTER)
 
 
 def unclaimable():

@@ -99,6 +99,11 @@ def build_parser():
         "--claimed-by", metavar="NAME", help="every run parked under this worker name"
     )
 
+    workers = commands.add_parser(
+        "workers", help="the workers that have run on this database, live ones first"
+    )
+    workers.add_argument("--json", action="store_true", help="one JSON array")
+
     commands.add_parser(
         "check", help="show the configuration, connect, list workflows and migrations"
     )

@@ -111,6 +111,11 @@ def requeue(env, args):
     _call("everystep_requeue", *args.run_ids, claimed_by=args.claimed_by)
 
 
+def workers(env, args):
+    """The `everystep_workers` management command: the same table and JSON."""
+    _call("everystep_workers", json=args.json)
+
+
 def check(env, args):
     from django.db import connection
     from everystep_config.database import masked_url

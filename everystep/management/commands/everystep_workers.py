@@ -1,0 +1,104 @@
+"""``everystep_workers``: the workers table (`operations.workers`), as a
+table or as JSON. ``everystep workers`` runs this command, so both print
+the same."""
+
+import json
+
+from django.core.management.base import BaseCommand
+
+from everystep import operations
+
+EMPTY = "no workers have run on this database"
+COLUMNS = (
+    "name",
+    "state",
+    "hostname",
+    "pid",
+    "version",
+    "pool_size",
+    "in_flight",
+    "started_at",
+    "heartbeat",
+    "stopped_at",
+)
+NUMBERS = {"pid", "pool_size", "in_flight"}  # right-aligned
+
+
+class Command(BaseCommand):
+    help = (
+        "List the workers that have run on this database, live ones first: a worker whose "
+        "heartbeat is older than 60 s and that did not stop shows as lost."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", action="store_true", help="one JSON array")
+
+    def handle(self, **options):
+        rows = operations.workers()
+        self.stdout.write(as_json(rows) if options["json"] else table(rows))
+
+
+def as_json(rows):
+    """A JSON array of the rows: ISO 8601 timestamps, and the heartbeat's
+    age as ``heartbeat_age_seconds``."""
+    return json.dumps([_fields(row) for row in rows], indent=2)
+
+
+def table(rows):
+    """The rows in aligned columns under a header, or a line saying there
+    are none."""
+    if not rows:
+        return EMPTY
+    lines = [COLUMNS, *(_cells(row) for row in rows)]
+    widths = [max(len(line[column]) for line in lines) for column in range(len(COLUMNS))]
+    return "\n".join(
+        "  ".join(
+            cell.rjust(width) if name in NUMBERS else cell.ljust(width)
+            for name, cell, width in zip(COLUMNS, line, widths, strict=True)
+        ).rstrip()
+        for line in lines
+    )
+
+
+def _fields(row):
+    return {
+        "name": row.name,
+        "state": row.state,
+        "hostname": row.hostname,
+        "pid": row.pid,
+        "version": row.version,
+        "pool_size": row.pool_size,
+        "in_flight": row.in_flight,
+        "started_at": row.started_at.isoformat(),
+        "heartbeat_at": row.heartbeat_at.isoformat(),
+        "heartbeat_age_seconds": round(row.heartbeat_age, 1),
+        "stopped_at": row.stopped_at and row.stopped_at.isoformat(),
+    }
+
+
+def _cells(row):
+    return (
+        row.name,
+        row.state,
+        row.hostname,
+        str(row.pid),
+        row.version,
+        str(row.pool_size),
+        str(row.in_flight),
+        _when(row.started_at),
+        _ago(row.heartbeat_age),
+        _when(row.stopped_at),
+    )
+
+
+def _when(moment):
+    return f"{moment:%Y-%m-%d %H:%M:%S}" if moment else "-"
+
+
+def _ago(seconds):
+    """An age as people say it: ``3s ago``, ``5m ago``, ``2h ago``, ``4d ago``."""
+    seconds = int(seconds)
+    for unit, size, up_to in (("s", 1, 120), ("m", 60, 120 * 60), ("h", 3600, 48 * 3600)):
+        if seconds < up_to:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds // 86400}d ago"
