@@ -33,8 +33,10 @@ _SUBMODULES = {
     "api",
     "context",
     "deadline",
+    "endpoint",
     "errors",
     "events",
+    "metrics",
     "models",
     "nameguard",
     "namelock",
@@ -44,6 +46,7 @@ _SUBMODULES = {
     "pool",
     "recovery",
     "registry",
+    "reporting",
     "retry",
     "runner",
     "serde",
@@ -51,6 +54,7 @@ _SUBMODULES = {
     "shutdown",
     "store",
     "timeouts",
+    "views",
     "worker",
 }
 

@@ -3,10 +3,12 @@
 The runner and the worker call `announce(EVENT, **fields)` at each
 transition — a run claimed, finished, requeued; a step recorded; the
 database lost and found again — and never log, count or trace on their own.
-`announce` writes the log record (one message per event, with the same
-``extra`` keys every time: ``action`` and the event's fields, run ids as
-strings) and then calls every subscriber with the event's name and fields,
-so metrics, traces and error reporting hang off the same seam.
+`announce` calls every subscriber with the event's name and fields — the
+metrics (`everystep.metrics`) and the error reports (`everystep.reporting`)
+hang off this seam — and writes the log record: one message per event, with
+the same ``extra`` keys every time (``action`` and the event's fields, run
+ids as strings; objects meant for subscribers, such as an exception, kept
+out).
 
 A subscriber must be quick and must not raise: it runs on the engine's own
 threads. One that raises is logged and skipped, never allowed to fail a run.
@@ -23,10 +25,13 @@ DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logg
 
 @dataclasses.dataclass(frozen=True)
 class Event:
-    """An event's log level and message, formatted with its fields."""
+    """An event's log level and message, formatted with its fields. The
+    fields named in `hidden` (objects, for subscribers) are kept out of the
+    log record's extras."""
 
     level: int
     message: str
+    hidden: tuple = ()
 
 
 EVENTS = {
@@ -42,12 +47,14 @@ EVENTS = {
         WARNING,
         "worker {worker}: the lock on its name was lost with its connection; taking it again",
     ),
-    "claim": Event(INFO, "worker {worker} {how} {count} run(s): {run_list}"),
-    "step_recorded": Event(DEBUG, "run {run_id} step {step_id} {status}"),
+    "claim": Event(INFO, "worker {worker} {how} {count} run(s): {run_list}", hidden=("runs",)),
+    "step_recorded": Event(DEBUG, "run {run_id} step {step_id} {step} {status} in {seconds:.3f}s"),
+    "attempt_ended": Event(DEBUG, "run {run_id} {workflow}: attempt ended {status}"),
     **{
         f"run_{status}": Event(
             INFO if status == "completed" else WARNING,
             "run {run_id} {workflow} {status} in {millis:.0f} ms{reason}",
+            hidden=("exception",),
         )
         for status in ("completed", "failed", "stopped", "blocked")
     },
@@ -63,11 +70,17 @@ EVENTS = {
         "its late writes were dropped",
     ),
     "run_vanished": Event(WARNING, "run {run_id} vanished while it ran (its row was deleted)"),
-    "run_crashed": Event(ERROR, "run {run_id} {workflow} crashed outside its steps; failed"),
+    "run_crashed": Event(
+        ERROR, "run {run_id} {workflow} crashed outside its steps; failed", hidden=("exception",)
+    ),
     "db_outage": Event(
         WARNING, "database unreachable while {what}, retrying with backoff: {error}"
     ),
     "db_recovered": Event(INFO, "database reachable again after {seconds:.1f}s"),
+    "db_retry": Event(
+        DEBUG,
+        "database unavailable while {what} (attempt {attempt}), retrying in {delay:.2f}s: {error}",
+    ),
     "sessions_ended": Event(
         INFO,
         "ended {count} database session(s) left open by connections cut off earlier: "
@@ -100,17 +113,22 @@ def unsubscribe(callback):
 
 
 def announce(event, exc_info=None, **fields):
-    """Log `event` with `fields` and tell the subscribers."""
-    spec = EVENTS[event]
-    level = spec.level
-    if logger.isEnabledFor(level):
-        extra = {"action": event, **{key: _plain(value) for key, value in fields.items()}}
-        logger.log(level, spec.message.format(**fields), exc_info=exc_info, extra=extra)
+    """Tell the subscribers about `event` and its `fields`, then log it.
+    Subscribers come first: an error reporter hooked to the logging (Sentry's
+    integration) then recognizes the record's exception as already reported."""
     for callback in _subscribers:
         try:
             callback(event, fields)
         except Exception:  # noqa: BLE001 - a subscriber never fails a run
             logger.exception("an everystep event subscriber failed on %s", event)
+    spec = EVENTS[event]
+    level = spec.level
+    if logger.isEnabledFor(level):
+        extra = {
+            "action": event,
+            **{key: _plain(value) for key, value in fields.items() if key not in spec.hidden},
+        }
+        logger.log(level, spec.message.format(**fields), exc_info=exc_info, extra=extra)
 
 
 def _plain(value):

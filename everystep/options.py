@@ -49,6 +49,24 @@ def _boolean(value):
     raise ValueError("is not a boolean: use true or false")
 
 
+def _port(value):
+    if value is None:
+        return None
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        raise ValueError("is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise ValueError("must be a port number from 1 to 65535")
+    return port
+
+
+def _host(value):
+    if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
+        raise ValueError("must be an address or a host name to listen on")
+    return value
+
+
 def _name(value):
     if value is None:
         return None
@@ -120,6 +138,20 @@ OPTIONS = (
         "seconds any one of the worker's own database operations may take before its "
         "connection is given up as silent",
     ),
+    Option(
+        "metrics_port",
+        "--metrics-port",
+        "EVERYSTEP_METRICS_PORT",
+        _port,
+        "serve /metrics, /healthz and /readyz on this port (off when unset)",
+    ),
+    Option(
+        "metrics_bind",
+        "--metrics-bind",
+        "EVERYSTEP_METRICS_BIND",
+        _host,
+        "the address the metrics port listens on",
+    ),
 )
 
 
@@ -134,6 +166,8 @@ class WorkerOptions:
     catchup: bool = True
     notify: bool = True
     db_deadline: float = 10.0
+    metrics_port: int | None = None
+    metrics_bind: str = "0.0.0.0"
 
     def __post_init__(self):
         for option in OPTIONS:

@@ -14,7 +14,7 @@ import threading
 
 from django.db import connection, connections
 
-from everystep import retry, runner, store
+from everystep import events, retry, runner, store
 
 Status = runner.Status
 
@@ -29,16 +29,18 @@ class Job:
 
 
 class Pool:
-    """`size` daemon threads running `runner.execute` on submitted runs.
-    `on_done` is called (from a pool thread) whenever a run finishes."""
+    """`size` daemon threads running `runner.execute` on submitted runs of
+    the worker `worker_name`. `on_done` is called (from a pool thread)
+    whenever a run finishes."""
 
-    def __init__(self, size, thread_name, draining, on_done):
+    def __init__(self, size, worker_name, draining, on_done):
         self.size = size
+        self.worker_name = worker_name
         self.in_flight = {}  # run id → Job
         #: Runs left exactly as a dead process leaves them (a simulated
         #: crash): this worker must not take them back while it lives.
         self.left_for_dead = set()
-        self._thread_name = thread_name
+        self._thread_name = f"everystep-{worker_name}"
         self._draining = draining
         self._on_done = on_done
         self._todo = queue.SimpleQueue()
@@ -91,6 +93,13 @@ class Pool:
                 finally:
                     _close_if_unclean()
                     self._done.put(job)
+                    events.announce(
+                        "attempt_ended",
+                        run_id=job.claimed.id,
+                        workflow=job.claimed.name,
+                        worker=self.worker_name,
+                        status=job.status or ("crashed" if job.error else "lost"),
+                    )
                     self._on_done()
         finally:
             connections.close_all()

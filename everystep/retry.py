@@ -11,7 +11,6 @@ outage is announced once, when the first operation fails, and its end once,
 when one succeeds again, however many threads retry in between.
 """
 
-import logging
 import random
 import threading
 import time
@@ -20,8 +19,6 @@ from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connec
 
 from everystep import deadline, events, sessions
 from everystep.errors import ConfigurationError
-
-logger = logging.getLogger(__name__)
 
 # PostgreSQL SQLSTATE classes and codes: connection exception, transaction
 # rollback (serialization failure, deadlock), insufficient resources,
@@ -213,13 +210,8 @@ def retrying(operation, *, what, should_stop=None, fatal=None):
                 raise
             outage.failed(what, exc)
             delay = next(delays)
-            logger.debug(
-                "database unavailable while %s (attempt %d), retrying in %.2fs: %s",
-                what,
-                attempt,
-                delay,
-                one_line(exc),
-                extra={"action": "db_retry"},
+            events.announce(
+                "db_retry", what=what, attempt=attempt, delay=delay, error=one_line(exc)
             )
             drop_after(exc)
             time.sleep(delay)

@@ -89,7 +89,8 @@ def execute(claimed, draining=None):
     except EngineError as exc:
         raise exc.error from None
     except Exception as exc:
-        return _finish(run, Status.FAILED, started, error=serde.encode_exception(exc))
+        error = serde.encode_exception(exc)
+        return _finish(run, Status.FAILED, started, error=error, exception=exc)
     return _finish(run, Status.COMPLETED, started, result=result)
 
 
@@ -123,6 +124,7 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
         _record(run, step, Step.Status.STARTED, None, None, update=False)
 
     ctx.recording = False  # what the function calls is part of this step
+    began = time.monotonic()
     try:
         result = func(*args, **kwargs)
     except Exception as exc:
@@ -141,6 +143,16 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
     if fault is not None:
         fault(ctx, step_id)
     _record(run, step, status, result_text, error_text, update=unsafe_to_repeat or rerun_started)
+    events.announce(
+        "step_recorded",
+        run_id=run.workflow_id,
+        workflow=run.workflow_name,
+        worker=run.worker,
+        step_id=step_id,
+        step=name,
+        status=status,
+        seconds=time.monotonic() - began,
+    )
     run.outcomes[step_id] = {
         "name": name,
         "status": status,
@@ -196,6 +208,7 @@ def fail_crashed(claimed, exc, should_stop=None):
     events.announce(
         "run_crashed",
         exc_info=(type(exc), exc, exc.__traceback__),
+        exception=exc,
         run_id=run.workflow_id,
         workflow=run.workflow_name,
         worker=run.worker,
@@ -214,11 +227,12 @@ def requeue_claimed(claimed, should_stop=None):
     return True
 
 
-def _finish(run, status, started, *, result=None, error=None):
+def _finish(run, status, started, *, result=None, error=None, exception=None):
     if not _move(run, status, "finishing", result=result, error=error):
         return _lost(run)
     events.announce(
         f"run_{status}",
+        exception=exception,
         run_id=run.workflow_id,
         workflow=run.workflow_name,
         worker=run.worker,

@@ -10,6 +10,7 @@ concurrent requeue or claim is ordered before or after them, never between.
 """
 
 import dataclasses
+import datetime
 import functools
 import json
 import os
@@ -17,7 +18,8 @@ import socket
 import uuid
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Count, Exists, F, Min, OuterRef, Value
+from django.db.models.functions import Concat
 from django.utils import timezone
 
 from everystep import registry, serde
@@ -39,6 +41,8 @@ class ClaimedRun:
     #: False when the claim saw that the run has no recorded steps (its
     #: first attempt: there is nothing to load); None when it did not look.
     has_steps: bool | None = None
+    #: When the run became due (its pickup delay runs from here), if known.
+    due_at: datetime.datetime | None = None
 
     @property
     def workflow_id(self):
@@ -97,13 +101,20 @@ def claim(worker_name, limit, workflows=None, *, only_parked=False, exclude=()):
         rows = list(
             candidates.select_for_update(skip_locked=skip_locked)
             .order_by("created_at")
-            .values_list("id", "name", "args", *(["has_steps"] if look else []))[:limit]
+            .values_list("id", "name", "args", "created_at", *(["has_steps"] if look else []))[
+                :limit
+            ]
         )
         if rows:
             Workflow.objects.filter(id__in=[row[0] for row in rows]).update(
                 status=RUNNING, claimed_by=worker_name, claim_token=token, claimed_at=now
             )
-    return [ClaimedRun(*row[:3], token, worker_name, *row[3:]) for row in rows]
+    return [
+        ClaimedRun(
+            id, name, args, token, worker_name, has_steps=rest[0] if rest else None, due_at=due
+        )
+        for id, name, args, due, *rest in rows
+    ]
 
 
 def _claim_in_one_statement(worker_name, limit, workflows, token, now):
@@ -116,15 +127,15 @@ def _claim_in_one_statement(worker_name, limit, workflows, token, now):
                        WHERE status = 'scheduled' AND name = ANY(%s)
                        ORDER BY created_at LIMIT %s
                        FOR UPDATE SKIP LOCKED)
-     RETURNING id, name, args,
+     RETURNING id, name, args, created_at,
                EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
     """
     with connection.cursor() as cursor:
         cursor.execute(sql, [RUNNING, worker_name, token, now, workflows, limit])
         rows = cursor.fetchall()
     runs = [
-        ClaimedRun(id, name, _decode_json(args), token, worker_name, has_steps)
-        for id, name, args, has_steps in rows
+        ClaimedRun(id, name, _decode_json(args), token, worker_name, has_steps, due_at)
+        for id, name, args, due_at, has_steps in rows
     ]
     return sorted(runs, key=lambda run: run.id)
 
@@ -370,6 +381,47 @@ def _decode_json(value):
     if isinstance(value, str | bytes):
         value = json.loads(value)
     return serde.from_json(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueState:
+    """The runs not finished, as the queue gauges show them."""
+
+    pending: int
+    running: int
+    blocked: int
+    oldest_pending_age: float  # seconds; 0 when nothing waits
+    pending_by_workflow: dict  # workflow name → scheduled runs
+
+
+def queue_state():
+    """Count the runs not finished: three queries, each on an index that holds
+    only the runs in its status (on MariaDB/MySQL, one led by the status),
+    so their cost follows the queue, never the history."""
+    # Grouped by the name as is, SQLite reads the whole (name,
+    # idempotency_key) index, finished runs included, to avoid a sort; by an
+    # expression of it, it reads the index of scheduled runs and sorts those.
+    workflow = Concat("name", Value("")) if connection.vendor == "sqlite" else F("name")
+    scheduled = (
+        Workflow.objects.filter(status=SCHEDULED)
+        .annotate(workflow=workflow)
+        .values_list("workflow")
+        .annotate(count=Count("*"), oldest=Min("created_at"))
+        .order_by()
+    )
+    by_workflow = {}
+    oldest = None
+    for name, count, created_at in scheduled:
+        by_workflow[name] = count
+        oldest = created_at if oldest is None else min(oldest, created_at)
+    age = 0.0 if oldest is None else max(0.0, (timezone.now() - oldest).total_seconds())
+    return QueueState(
+        pending=sum(by_workflow.values()),
+        running=Workflow.objects.filter(status=RUNNING).count(),
+        blocked=Workflow.objects.filter(status=Workflow.Status.BLOCKED).count(),
+        oldest_pending_age=age,
+        pending_by_workflow=by_workflow,
+    )
 
 
 def worker_started(name, pool_size, workflows):

@@ -46,7 +46,19 @@ import time
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
-from everystep import deadline, events, registry, retry, runner, sessions, store, timeouts
+from everystep import (
+    deadline,
+    events,
+    metrics,
+    registry,
+    reporting,
+    retry,
+    runner,
+    sessions,
+    store,
+    timeouts,
+)
+from everystep.endpoint import Endpoint
 from everystep.models import Worker as WorkerRow
 from everystep.nameguard import NameGuard, NameHeld
 from everystep.namelock import NameLost
@@ -83,7 +95,7 @@ class Worker:
         self._wake = threading.Event()  # something to do: a run finished, a stop
         self._draining = threading.Event()  # shared with every runner
         self._shutdown = Shutdown(self.name, self._wake.set)
-        self._pool = Pool(self.pool_size, f"everystep-{self.name}", self._draining, self._wake.set)
+        self._pool = Pool(self.pool_size, self.name, self._draining, self._wake.set)
         self._guard = NameGuard(self.name, self._heartbeat, self._wake.set)
         self._take_back = self.options.catchup  # take back parked runs on the next turn
         self._next_take_back = time.monotonic() + TAKE_BACK_INTERVAL
@@ -92,6 +104,8 @@ class Worker:
         self._stopped_announced = False
         self._delays = None  # the loop's backoff while its database calls fail
         self._error_logged = 0.0
+        self._ready = False  # caught up and looping
+        self._last_turn = None  # when the loop last turned (monotonic)
 
     def stop(self):
         """Ask the worker to drain and return; a second call cuts the drain short."""
@@ -107,6 +121,10 @@ class Worker:
         """
         deadline.seconds = self.options.db_deadline
         timeouts.harden(connections[DEFAULT_DB_ALIAS].settings_dict)
+        metrics.install()
+        reporting.install()
+        started_at = time.time()
+        endpoint = self._start_endpoint()
         restore_signals = self._shutdown.install_signal_handlers(self.drain, self._exit_now)
         try:
             if not self._guard.acquire(self.drain, self._shutdown.requested):
@@ -126,9 +144,11 @@ class Worker:
                 self._guard.start()
                 if self._take_back:
                     self._wake.wait(self._turn())
+                self._ready = True
                 events.announce(
                     "worker_ready",
                     worker=self.name,
+                    started_at=started_at,
                     pool_size=self.pool_size,
                     poll=self.poll,
                     drain=self.drain,
@@ -156,6 +176,8 @@ class Worker:
                 raise lost
         finally:
             restore_signals()
+            if endpoint is not None:
+                endpoint.stop()
             connection.close()
             if self._drained:
                 self._announce_stopped()
@@ -173,6 +195,7 @@ class Worker:
         up to the free capacity. Returns how long to wait before the next
         turn: the poll interval, or a backoff while the database fails.
         Raises `NameLost`."""
+        self._last_turn = time.monotonic()
         if self._guard.lost is not None:
             raise self._guard.lost
         if not self._guard.held:
@@ -198,6 +221,7 @@ class Worker:
                 count=len(claimed),
                 run_list=", ".join(str(run.id) for run in claimed),
                 run_ids=[run.id for run in claimed],
+                runs=claimed,
             )
         return 0 if took_back and self._take_back else self.poll
 
@@ -274,6 +298,34 @@ class Worker:
             self._delays = retry.backoff_delays(first=self.poll)
         return next(self._delays)
 
+    def health(self):
+        """``(alive, ready, reason)`` for the probes (`everystep.endpoint`):
+        alive while the loop turns (a wedged one has not turned for 3 polls
+        plus the database deadline); ready once caught up, while the
+        database answers, the name is held and the worker is not draining."""
+        stalled_after = 3 * self.poll + self.options.db_deadline
+        last_turn = self._last_turn
+        if last_turn is not None and time.monotonic() - last_turn > stalled_after:
+            since = time.monotonic() - last_turn
+            return False, False, f"the worker loop has not turned for {since:.0f}s"
+        if self._draining.is_set():
+            return True, False, "draining"
+        if not self._ready:
+            return True, False, "starting"
+        if retry.outage.since is not None:
+            return True, False, "database unreachable"
+        if not self._guard.held:
+            return True, False, "the lock on the worker name is being taken again"
+        return True, True, "ready"
+
+    def _start_endpoint(self):
+        """Serve the metrics and the probes when a metrics port is set."""
+        if self.options.metrics_port is None:
+            return None
+        endpoint = Endpoint(self.options.metrics_bind, self.options.metrics_port, self.health)
+        endpoint.start()
+        return endpoint
+
     def _start_listener(self):
         """On PostgreSQL, wake the loop as soon as a run is scheduled."""
         if not self.options.notify or connection.vendor != "postgresql":
@@ -291,11 +343,8 @@ class Worker:
                 self._crashed(job)
 
     def _crashed(self, job):
-        """A run died outside the runner (an engine error): report it to
-        Sentry, fail it with the encoded exception; keep going."""
-        # Report before logging: sentry-sdk's logging integration would turn
-        # the log record into an event without our context, and dedupe ours.
-        _report_to_sentry(job.error, job.claimed, self.name)
+        """A run died outside the runner (an engine error): fail it with the
+        encoded exception (announced, so reported); keep going."""
         try:
             runner.fail_crashed(job.claimed, job.error, should_stop=self._shutdown.requested.is_set)
         except Exception:  # noqa: BLE001 - it stays claimed under this name
@@ -315,6 +364,7 @@ class Worker:
                 until="" if deadline_at is None else f", or in {self.drain}s at the latest",
             )
         while True:
+            self._last_turn = time.monotonic()
             self._wake.clear()
             self._reap()
             if not self._pool.in_flight or self._shutdown.hurried.is_set():
@@ -370,16 +420,3 @@ class Worker:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-
-
-def _report_to_sentry(exc, run, worker_name):
-    """Send `exc` to Sentry when the application initialized sentry-sdk."""
-    sentry_sdk = sys.modules.get("sentry_sdk")
-    if sentry_sdk is None or not sentry_sdk.get_client().is_active():
-        return
-    with sentry_sdk.new_scope() as scope:
-        scope.set_context(
-            "everystep",
-            {"workflow_name": run.name, "workflow_id": str(run.id), "worker": worker_name},
-        )
-        sentry_sdk.capture_exception(exc)

@@ -136,7 +136,8 @@ def test_a_run_that_dies_outside_the_runner_is_failed_and_reported_while_the_wor
     [payload] = events
     assert payload["exception"]["values"][0]["value"] == "engine bug while recording"
     assert payload["contexts"]["everystep"]["workflow_id"] == str(broken.id)
-    assert payload["contexts"]["everystep"]["workflow_name"] == "tests.workflows.quick"
+    assert payload["contexts"]["everystep"]["workflow"] == "tests.workflows.quick"
+    assert payload["tags"]["everystep.worker"] == "survivor"
 
 
 def test_terminal_blocked_and_crashed_runs_are_not_reported_to_sentry(embedded_worker):

@@ -1,0 +1,224 @@
+"""Prometheus metrics, fed by the engine's events (`everystep.events`).
+
+Every collector lives in `prometheus_client`'s default registry, so the
+process that runs a worker serves them wherever it serves that registry:
+the worker's own endpoint (`--metrics-port`, `everystep.endpoint`), a
+Django view (`everystep.views.metrics_view`) or the host application's own
+exporter. Labels are names from code (workflows, steps, workers), never run
+ids, so the number of series stays bounded.
+
+The counters and histograms are updated by `on_event`, a subscriber of the
+engine's announcements; nothing in the runner or the worker touches a
+metric. The queue gauges (pending, running, blocked, the oldest pending
+run's age, unclaimable runs) are read from the database when scraped, by
+`QueueCollector`, at most once every `QUEUE_CACHE_SECONDS`, on indexes that
+hold only the runs not finished (`store.queue_state`).
+"""
+
+import threading
+import time
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from everystep import events
+
+QUEUE_CACHE_SECONDS = 5.0
+
+# The reference's metrics: same names, types and labels.
+WORKFLOW_RUNS = Counter(
+    "everystep_workflow_runs",
+    "Run attempts that ended, by workflow and final status.",
+    ["workflow", "status"],
+)
+WORKFLOW_DURATION = Histogram(
+    "everystep_workflow_duration_seconds",
+    "How long a run's last attempt took, by workflow and final status.",
+    ["workflow", "status"],
+)
+STEP_RUNS = Counter(
+    "everystep_step_runs",
+    "Steps executed and recorded (not replayed), by workflow, step and status.",
+    ["workflow", "step", "status"],
+)
+STEP_DURATION = Histogram(
+    "everystep_step_duration_seconds",
+    "How long an executed step's function took, by workflow and step.",
+    ["workflow", "step"],
+)
+POOL_SIZE = Gauge("everystep_worker_pool_size", "Runs a worker executes at once.", ["runner"])
+IN_FLIGHT = Gauge("everystep_worker_inflight", "Runs a worker is executing now.", ["runner"])
+CLAIMS = Counter("everystep_worker_claims", "Runs claimed (or taken back) by a worker.", ["runner"])
+REQUEUED = Counter("everystep_worker_requeued", "Runs a worker put back to scheduled.", ["runner"])
+STARTED_AT = Gauge(
+    "everystep_worker_started_at_seconds", "When a worker started (Unix time).", ["runner"]
+)
+
+# Ours.
+PICKUP_DELAY = Histogram(
+    "everystep_pickup_delay_seconds",
+    "From the moment a run is due to its claim, by workflow.",
+    ["workflow"],
+)
+DB_RETRIES = Counter(
+    "everystep_db_retries",
+    "The engine's database operations retried after a transient error.",
+    ["runner"],
+)
+DB_OUTAGE = Gauge(
+    "everystep_worker_db_outage",
+    "1 while this process finds the database unreachable, else 0.",
+    ["runner"],
+)
+
+_FINISHED = {f"run_{status}" for status in ("completed", "failed", "stopped", "blocked")}
+
+_installed = False
+_install_lock = threading.Lock()
+# The name of the worker in this process, for the metrics of what is shared
+# by its threads (database retries and outages). Empty outside a worker.
+_runner = ""
+
+
+def install():
+    """Subscribe the metrics to the engine's events and register the queue
+    gauges; idempotent. Called by every worker, and by `metrics_view`."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        events.subscribe(on_event)
+        REGISTRY.register(QueueCollector())
+        _installed = True
+
+
+def on_event(event, fields):
+    """Update the metrics an event concerns."""
+    handler = _HANDLERS.get(event)
+    if handler is not None:
+        handler(fields)
+
+
+def _run_finished(fields):
+    workflow, status = fields["workflow"], fields["status"]
+    WORKFLOW_RUNS.labels(workflow, status).inc()
+    WORKFLOW_DURATION.labels(workflow, status).observe(fields["millis"] / 1000)
+
+
+def _step_recorded(fields):
+    workflow, step = fields["workflow"], fields["step"]
+    STEP_RUNS.labels(workflow, step, fields["status"]).inc()
+    STEP_DURATION.labels(workflow, step).observe(fields["seconds"])
+
+
+def _claim(fields):
+    runner = fields["worker"]
+    CLAIMS.labels(runner).inc(fields["count"])
+    IN_FLIGHT.labels(runner).inc(fields["count"])
+    now = time.time()
+    for run in fields["runs"]:
+        if run.due_at is not None and fields["how"] == "claimed":
+            PICKUP_DELAY.labels(run.name).observe(max(0.0, now - run.due_at.timestamp()))
+
+
+def _attempt_ended(fields):
+    IN_FLIGHT.labels(fields["worker"]).dec()
+
+
+def _requeued(fields):
+    REQUEUED.labels(fields["worker"]).inc()
+
+
+def _worker_ready(fields):
+    global _runner
+    _runner = runner = fields["worker"]
+    POOL_SIZE.labels(runner).set(fields["pool_size"])
+    for zero_until_counted in (IN_FLIGHT, CLAIMS, REQUEUED):
+        zero_until_counted.labels(runner)
+    STARTED_AT.labels(runner).set(fields["started_at"])
+    DB_OUTAGE.labels(runner).set(0)
+    DB_RETRIES.labels(runner)
+
+
+def _db_retry(fields):
+    DB_RETRIES.labels(_runner).inc()
+
+
+def _db_outage(fields):
+    DB_OUTAGE.labels(_runner).set(1)
+
+
+def _db_recovered(fields):
+    DB_OUTAGE.labels(_runner).set(0)
+
+
+_HANDLERS = {
+    **dict.fromkeys(_FINISHED, _run_finished),
+    "step_recorded": _step_recorded,
+    "claim": _claim,
+    "attempt_ended": _attempt_ended,
+    "run_requeued": _requeued,
+    "worker_ready": _worker_ready,
+    "db_retry": _db_retry,
+    "db_outage": _db_outage,
+    "db_recovered": _db_recovered,
+}
+
+
+class QueueCollector:
+    """The queue as the database holds it, read when scraped and cached for
+    `QUEUE_CACHE_SECONDS` however often it is scraped (`store.queue_state`).
+    A scrape while the database is unreachable serves nothing rather than
+    failing the whole scrape."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._read_at = None
+        self._families = []
+
+    def describe(self):
+        return []  # read at collect time only: registering must not query
+
+    def collect(self):
+        with self._lock:
+            now = time.monotonic()
+            if self._read_at is None or now - self._read_at >= QUEUE_CACHE_SECONDS:
+                self._read_at = now
+                self._families = self._read()
+            return list(self._families)
+
+    def _read(self):
+        from everystep import operations, store
+
+        try:
+            queue = store.queue_state()
+            known = set()
+            for workflows in operations.live_workers().values_list("workflows", flat=True):
+                known.update(workflows)
+        except Exception:  # noqa: BLE001 - an unreachable database: no queue gauges
+            return []
+        families = [
+            _gauge("everystep_workflows_pending", "Runs scheduled and not claimed.", queue.pending),
+            _gauge("everystep_workflows_running", "Runs claimed by a worker.", queue.running),
+            _gauge(
+                "everystep_workflows_blocked", "Runs blocked on an uncertain step.", queue.blocked
+            ),
+            _gauge(
+                "everystep_workflows_oldest_pending_age_seconds",
+                "How long the oldest scheduled run has waited (0 when none waits).",
+                queue.oldest_pending_age,
+            ),
+        ]
+        unclaimable = GaugeMetricFamily(
+            "everystep_workflows_unclaimable",
+            "Scheduled runs of a workflow that no live worker has registered.",
+            labels=["workflow"],
+        )
+        for workflow, count in sorted(queue.pending_by_workflow.items()):
+            if workflow not in known:
+                unclaimable.add_metric([workflow], count)
+        return [*families, unclaimable]
+
+
+def _gauge(name, documentation, value):
+    return GaugeMetricFamily(name, documentation, value=value)

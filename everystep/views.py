@@ -1,0 +1,17 @@
+"""Views to mount in a Django project.
+
+``path("everystep/metrics", everystep.views.metrics_view)`` serves the
+Prometheus metrics of the process (`everystep.metrics`): an embedded
+worker's counters, and the queue gauges read from the database.
+"""
+
+from django.http import HttpResponse
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from everystep import metrics
+
+
+def metrics_view(request):
+    """The default Prometheus registry in the text exposition format."""
+    metrics.install()
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
