@@ -260,12 +260,22 @@ class Worker:
     def _heartbeat(self, lock_connection):
         """Called by the name guard after each check of the lock, with the
         lock's own connection (None for a file lock)."""
-        state = WorkerRow.State.DRAINING if self._draining.is_set() else WorkerRow.State.READY
+        state = self._state()
         db = lock_connection or connections[DEFAULT_DB_ALIAS]
         with deadline.guard(db, "refreshing the heartbeat"):
             store.worker_heartbeat(
                 self.name, state, len(self._pool.in_flight), using=lock_connection
             )
+
+    def _state(self):
+        """The state the workers table shows for this worker now."""
+        if self._draining.is_set():
+            return WorkerRow.State.DRAINING
+        if not self._ready:
+            return WorkerRow.State.STARTING
+        if retry.outage.since is not None:
+            return WorkerRow.State.OUTAGE
+        return WorkerRow.State.READY
 
     def _report(self, state):
         """Best effort: record the worker's state now, unless the database is
