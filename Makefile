@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml
 	rm -rf $(VENV)
 	$(VENV_PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	$(VENV)/bin/python -m pip install --quiet -e '.[dev,runtime]'
 	touch $@
 
 # `make pyz` always builds (PYTHON may name another interpreter); targets that

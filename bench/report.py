@@ -200,6 +200,18 @@ def _steps(t, get):
             backend,
             f"engine's own Python: {number(step - driver)} µs per step",
         )
+        overhead = get(f"{prefix}.metrics_overhead")
+        if overhead is not None:
+            counted = get(f"{prefix}.step_with_metrics_us")
+            t.row(
+                "  with the metrics on (interleaved with them off)",
+                counted,
+                "µs",
+                counted / 1e6,
+                backend,
+                f"{number(get(f'{prefix}.step_without_subscribers_us'))} µs off: "
+                f"{overhead:.3f}×, target ≤ 1.05×: {verdict(overhead <= 1.05)}",
+            )
         trips = get(f"{prefix}.step_round_trips")
         t.row(
             "round trips per step (counted)",

@@ -18,6 +18,10 @@ of statements the connection has prepared on the server is reported too: a
 step statement parsed and planned anew each time costs more than a
 prepared one.
 
+The cost of observability: the same run with the metrics subscribed to
+the engine's events (`everystep.metrics`, as every worker has them) and
+without any subscriber, interleaved repetition by repetition.
+
 Also here: a sequential 5-step run (schedule, claim and execute on one
 thread) — the figure DBOS Transact's direct workflow call is compared with.
 """
@@ -29,7 +33,7 @@ from django.db import connection
 from bench import workflows
 from bench.common import RoundTrips, median
 from bench.limits import PhysicalLimit
-from everystep import runner, schedule, store
+from everystep import events, metrics, runner, schedule, store
 
 
 def transaction_id():
@@ -79,6 +83,19 @@ def sequential_run():
     return time.perf_counter() - began
 
 
+def metrics_on_and_off(count, repeat):
+    """Median seconds per recorded step without the metrics and with them
+    subscribed to the engine's events, interleaved; they stay subscribed."""
+    metrics.install()
+    bare, counted = [], []
+    for _ in range(repeat):
+        events.unsubscribe(metrics.on_event)
+        bare.append(recorded_run(count)[0])
+        events.subscribe(metrics.on_event)
+        counted.append(recorded_run(count)[0])
+    return median(bare), median(counted)
+
+
 def measure(count=200, repeat=7, sequential=50):
     limit = PhysicalLimit()
     try:
@@ -95,12 +112,16 @@ def measure(count=200, repeat=7, sequential=50):
             writes.append(written)
     finally:
         limit.close()
+    bare, counted = metrics_on_and_off(count, repeat)
     sequential_runs = [sequential_run() for _ in range(sequential)]
     figures = {
         "physical_limit_us": median(limits) * 1e6,
         "step_us": median(costs) * 1e6,
         "step_vs_limit": median(costs) / median(limits),
         "step_in_driver_us": median(waits) * 1e6,
+        "step_without_subscribers_us": bare * 1e6,
+        "step_with_metrics_us": counted * 1e6,
+        "metrics_overhead": counted / bare,
         "run_statements": median(statements),
         "step_round_trips": (median(statements) - 2) / count,
         "steps_per_run": count,

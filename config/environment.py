@@ -23,6 +23,9 @@ class ConfigError(Exception):
     """A configuration value cannot be used; the message names it."""
 
 
+TRACES_EXPORTERS = ("otlp", "console", "none")
+
+
 def _choice(variable, choices, normalize=str.lower):
     def convert(value):
         if normalize(value) not in choices:
@@ -79,6 +82,15 @@ class Environment:
     sentry_dsn = environ.var(None, name="SENTRY_DSN", help="report crashed runs to Sentry")
     sentry_environment = environ.var(None, name="SENTRY_ENVIRONMENT", help="Sentry environment")
     sentry_release = environ.var(None, name="SENTRY_RELEASE", help="Sentry release")
+    traces_exporter = environ.var(
+        None,
+        name="OTEL_TRACES_EXPORTER",
+        converter=lambda value: (
+            value if value is None else _choice("OTEL_TRACES_EXPORTER", TRACES_EXPORTERS)(value)
+        ),
+        help="send OpenTelemetry traces: otlp (configured by the OTEL_EXPORTER_OTLP_* "
+        "variables), console, or none",
+    )
 
     @property
     def effective_database_url(self):

@@ -54,6 +54,7 @@ _SUBMODULES = {
     "shutdown",
     "store",
     "timeouts",
+    "tracing",
     "views",
     "worker",
 }

@@ -5,11 +5,12 @@ inside one, step calls are recorded and replayed by `everystep.runner`.
 This module imports no Django, so ``import everystep`` stays cheap.
 """
 
+import contextvars
 import functools
 import sys
 import threading
 
-from everystep import context, registry
+from everystep import context, events, registry
 from everystep.errors import EngineSignal, EverystepError, Terminal
 
 
@@ -99,14 +100,28 @@ def parallel(*branches, everystep_id=None):
         finally:
             _close_thread_connections()
 
-    threads = [
-        threading.Thread(target=run_branch, args=(i, b), name=f"everystep-branch-{i}")
-        for i, b in enumerate(branches)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    if recording:
+        events.announce(
+            "fork_started", run_id=parent.run.workflow_id, fork_id=fork_id, count=len(branches)
+        )
+    try:
+        # Each branch starts from a copy of this thread's context variables:
+        # a trace's current span (the fork's), for one, carries across.
+        threads = [
+            threading.Thread(
+                target=contextvars.copy_context().run,
+                args=(run_branch, i, b),
+                name=f"everystep-branch-{i}",
+            )
+            for i, b in enumerate(branches)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        if recording:
+            events.announce("fork_ended", run_id=parent.run.workflow_id, fork_id=fork_id)
     _raise_branch_errors([error for error in errors if error is not None])
     return tuple(results)
 
@@ -126,10 +141,10 @@ def schedule(workflow_func, *args, idempotency_key=None):
         isinstance(idempotency_key, str) and 0 < len(idempotency_key) <= 255
     ):
         raise EverystepError("idempotency_key must be a non-empty string of at most 255 characters")
-    from everystep import serde, store
+    from everystep import serde, store, tracing
 
     serde.to_json(list(args))  # refuse bad arguments before touching the database
-    return store.insert_run(name, list(args), idempotency_key)
+    return store.insert_run(name, list(args), idempotency_key, tracing.current_context())
 
 
 def _check_branch(branch):

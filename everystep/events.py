@@ -48,7 +48,17 @@ EVENTS = {
         "worker {worker}: the lock on its name was lost with its connection; taking it again",
     ),
     "claim": Event(INFO, "worker {worker} {how} {count} run(s): {run_list}", hidden=("runs",)),
-    "step_recorded": Event(DEBUG, "run {run_id} step {step_id} {step} {status} in {seconds:.3f}s"),
+    "attempt_started": Event(
+        DEBUG, "run {run_id} {workflow}: attempt started", hidden=("trace_context",)
+    ),
+    "step_started": Event(DEBUG, "run {run_id} step {step_id} {step} started"),
+    "step_recorded": Event(
+        DEBUG,
+        "run {run_id} step {step_id} {step} {status} in {seconds:.3f}s",
+        hidden=("exception",),
+    ),
+    "fork_started": Event(DEBUG, "run {run_id} fork {fork_id}: {count} branches"),
+    "fork_ended": Event(DEBUG, "run {run_id} fork {fork_id} joined"),
     "attempt_ended": Event(DEBUG, "run {run_id} {workflow}: attempt ended {status}"),
     **{
         f"run_{status}": Event(

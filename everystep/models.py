@@ -49,6 +49,9 @@ class Workflow(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     claimed_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
+    #: The W3C trace context of the code that scheduled the run (§11), so
+    #: that its attempts' spans join the trace that asked for it.
+    trace_context = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "everystep_workflow"

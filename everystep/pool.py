@@ -14,7 +14,7 @@ import threading
 
 from django.db import connection, connections
 
-from everystep import events, retry, runner, store
+from everystep import retry, runner, store
 
 Status = runner.Status
 
@@ -93,13 +93,6 @@ class Pool:
                 finally:
                     _close_if_unclean()
                     self._done.put(job)
-                    events.announce(
-                        "attempt_ended",
-                        run_id=job.claimed.id,
-                        workflow=job.claimed.name,
-                        worker=self.worker_name,
-                        status=job.status or ("crashed" if job.error else "lost"),
-                    )
                     self._on_done()
         finally:
             connections.close_all()

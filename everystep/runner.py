@@ -60,12 +60,35 @@ def execute(claimed, draining=None):
         worker=claimed.claimed_by,
         draining=draining or threading.Event(),
     )
+    status = "crashed"
+    try:
+        status = _attempt(claimed, run) or "lost"
+        return None if status == "lost" else status
+    finally:
+        events.announce(
+            "attempt_ended",
+            run_id=run.workflow_id,
+            workflow=run.workflow_name,
+            worker=run.worker,
+            status=status,
+        )
+
+
+def _attempt(claimed, run):
     started = time.monotonic()
     try:
         if claimed.has_steps is not False:
             run.outcomes.update(
                 _guarded(lambda attempt: store.load_outcomes(run.workflow_id), "loading steps")
             )
+        events.announce(
+            "attempt_started",
+            run_id=run.workflow_id,
+            workflow=run.workflow_name,
+            worker=run.worker,
+            resumed=bool(run.outcomes),
+            trace_context=claimed.trace_context,
+        )
         body = registry.get(run.workflow_name)
         if body is None:  # parked by an earlier deploy that had it
             return _release(run)
@@ -123,6 +146,13 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
     if unsafe_to_repeat:
         _record(run, step, Step.Status.STARTED, None, None, update=False)
 
+    events.announce(
+        "step_started",
+        run_id=run.workflow_id,
+        workflow=run.workflow_name,
+        step_id=step_id,
+        step=name,
+    )
     ctx.recording = False  # what the function calls is part of this step
     began = time.monotonic()
     try:
@@ -152,6 +182,7 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
         step=name,
         status=status,
         seconds=time.monotonic() - began,
+        exception=error,
     )
     run.outcomes[step_id] = {
         "name": name,

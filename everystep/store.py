@@ -43,20 +43,24 @@ class ClaimedRun:
     has_steps: bool | None = None
     #: When the run became due (its pickup delay runs from here), if known.
     due_at: datetime.datetime | None = None
+    #: The trace context stored by `schedule()`, if any (`everystep.tracing`).
+    trace_context: dict | None = None
 
     @property
     def workflow_id(self):
         return self.id
 
 
-def insert_run(name, args, idempotency_key=None):
+def insert_run(name, args, idempotency_key=None, trace_context=None):
     """Insert a scheduled run in the current transaction; one INSERT.
 
     With an idempotency key the INSERT ignores a conflict on (name, key) and
     the run holding the key is read back, so concurrent callers all get the
     same run and no transaction is aborted.
     """
-    run = Workflow(name=name, args=args, idempotency_key=idempotency_key)
+    run = Workflow(
+        name=name, args=args, idempotency_key=idempotency_key, trace_context=trace_context
+    )
     if idempotency_key is None:
         run.save(force_insert=True)
         return run
@@ -101,9 +105,14 @@ def claim(worker_name, limit, workflows=None, *, only_parked=False, exclude=()):
         rows = list(
             candidates.select_for_update(skip_locked=skip_locked)
             .order_by("created_at")
-            .values_list("id", "name", "args", "created_at", *(["has_steps"] if look else []))[
-                :limit
-            ]
+            .values_list(
+                "id",
+                "name",
+                "args",
+                "created_at",
+                "trace_context",
+                *(["has_steps"] if look else []),
+            )[:limit]
         )
         if rows:
             Workflow.objects.filter(id__in=[row[0] for row in rows]).update(
@@ -111,9 +120,16 @@ def claim(worker_name, limit, workflows=None, *, only_parked=False, exclude=()):
             )
     return [
         ClaimedRun(
-            id, name, args, token, worker_name, has_steps=rest[0] if rest else None, due_at=due
+            id,
+            name,
+            args,
+            token,
+            worker_name,
+            has_steps=rest[0] if rest else None,
+            due_at=due,
+            trace_context=trace_context,
         )
-        for id, name, args, due, *rest in rows
+        for id, name, args, due, trace_context, *rest in rows
     ]
 
 
@@ -127,15 +143,24 @@ def _claim_in_one_statement(worker_name, limit, workflows, token, now):
                        WHERE status = 'scheduled' AND name = ANY(%s)
                        ORDER BY created_at LIMIT %s
                        FOR UPDATE SKIP LOCKED)
-     RETURNING id, name, args, created_at,
+     RETURNING id, name, args, created_at, trace_context,
                EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
     """
     with connection.cursor() as cursor:
         cursor.execute(sql, [RUNNING, worker_name, token, now, workflows, limit])
         rows = cursor.fetchall()
     runs = [
-        ClaimedRun(id, name, _decode_json(args), token, worker_name, has_steps, due_at)
-        for id, name, args, due_at, has_steps in rows
+        ClaimedRun(
+            id,
+            name,
+            _decode_json(args),
+            token,
+            worker_name,
+            has_steps,
+            due_at,
+            json.loads(trace_context) if isinstance(trace_context, str) else trace_context,
+        )
+        for id, name, args, due_at, trace_context, has_steps in rows
     ]
     return sorted(runs, key=lambda run: run.id)
 

@@ -57,6 +57,7 @@ from everystep import (
     sessions,
     store,
     timeouts,
+    tracing,
 )
 from everystep.endpoint import Endpoint
 from everystep.models import Worker as WorkerRow
@@ -123,6 +124,7 @@ class Worker:
         timeouts.harden(connections[DEFAULT_DB_ALIAS].settings_dict)
         metrics.install()
         reporting.install()
+        tracing.install()
         started_at = time.time()
         endpoint = self._start_endpoint()
         restore_signals = self._shutdown.install_signal_handlers(self.drain, self._exit_now)

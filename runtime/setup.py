@@ -1,5 +1,5 @@
 """From the environment to a configured Django: settings, logging, Sentry,
-the user's workflow modules."""
+OpenTelemetry, the user's workflow modules."""
 
 import logging
 import logging.config
@@ -41,6 +41,7 @@ def configure(env, command):
         settings.configure(**django_settings(env, workflows=workflows))
         logging.config.dictConfig(logging_config(env))
     _init_sentry(env)
+    _init_tracing(env)
     try:
         django.setup()
         if env.django_settings_module is not None:
@@ -51,6 +52,26 @@ def configure(env, command):
         raise UsageError(str(exc)) from None
     except ImportError as exc:
         raise UsageError(f"DJANGO_SETTINGS_MODULE: {exc}") from None
+
+
+def _init_tracing(env):
+    """The OpenTelemetry SDK, configured by the standard ``OTEL_*`` variables,
+    when ``OTEL_TRACES_EXPORTER`` asks for an exporter."""
+    if env.traces_exporter in (None, "none"):
+        return
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+    if env.traces_exporter == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    else:
+        exporter = ConsoleSpanExporter()
+    provider = TracerProvider()  # its resource and sampler come from OTEL_* too
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
 
 
 def _init_sentry(env):

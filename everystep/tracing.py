@@ -1,0 +1,182 @@
+"""OpenTelemetry spans, fed by the engine's events (`everystep.events`).
+
+Every run attempt is a span on the tracer ``everystep``, named after the
+workflow, with ``everystep.workflow.id``, ``everystep.workflow.name``,
+``everystep.workflow.status`` and ``everystep.worker``. Each executed step
+is a child span named after the step, with ``everystep.step.id``; a step
+served from the record is not traced. A ``parallel()`` fork is a span whose
+branches' steps nest under it across threads. A failure sets the span's
+status to error with the exception recorded; a `Terminal` stop is no error.
+
+`schedule()` stores the caller's W3C trace context on the run
+(`current_context`); the attempt's span is its child — or, for an attempt
+that resumes a run with recorded steps, a new trace linked to it — so a
+trace started by a web request shows the run it scheduled.
+
+The library only uses ``opentelemetry-api``: spans go wherever the
+application's tracer provider sends them, and nowhere without one. Spans
+start and end on the thread they belong to, so each thread keeps a stack of
+its open spans; each open span is also the thread's current OpenTelemetry
+context, so the step's own code sees it as its parent.
+"""
+
+import threading
+
+from everystep import events
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
+    trace = None
+
+TRACER_NAME = "everystep"
+
+_installed = False
+_install_lock = threading.Lock()
+_open = threading.local()  # .spans: a stack of (span, context token) on this thread
+
+
+def install():
+    """Subscribe the spans to the engine's events; idempotent."""
+    global _installed
+    if trace is None:
+        return
+    with _install_lock:
+        if not _installed:
+            events.subscribe(on_event)
+            _installed = True
+
+
+def current_context():
+    """The caller's W3C trace context as a dict to store with a run, or None
+    outside a recorded span (or without OpenTelemetry)."""
+    if trace is None or not trace.get_current_span().get_span_context().is_valid:
+        return None
+    carrier = {}
+    propagate.inject(carrier)
+    return carrier or None
+
+
+def on_event(event, fields):
+    handler = _HANDLERS.get(event)
+    if handler is not None:
+        handler(fields)
+
+
+def _tracer():
+    return trace.get_tracer(TRACER_NAME)
+
+
+def _attempt_started(fields):
+    name = fields["workflow"]
+    attributes = {
+        "everystep.workflow.id": str(fields["run_id"]),
+        "everystep.workflow.name": name,
+        "everystep.worker": fields["worker"] or "",
+    }
+    parent, links = None, ()
+    stored = fields.get("trace_context")
+    if stored:
+        scheduled_by = propagate.extract(stored)
+        if fields.get("resumed"):
+            span_context = trace.get_current_span(scheduled_by).get_span_context()
+            links = [Link(span_context)] if span_context.is_valid else ()
+        else:
+            parent = scheduled_by
+    span = _tracer().start_span(
+        name, context=parent, kind=SpanKind.CONSUMER, attributes=attributes, links=links
+    )
+    _push("attempt", span)
+
+
+def _run_finished(fields):
+    span = _find("attempt")
+    if span is None:
+        return
+    span.set_attribute("everystep.workflow.status", fields["status"])
+    exception = fields.get("exception")
+    if exception is not None:
+        span.record_exception(exception)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exception).__name__}: {exception}"))
+
+
+def _attempt_ended(fields):
+    span = _find("attempt")
+    if span is not None and fields["status"] not in ("completed", "failed", "stopped", "blocked"):
+        span.set_attribute("everystep.workflow.status", fields["status"])
+    _end("attempt")
+
+
+def _step_started(fields):
+    span = _tracer().start_span(fields["step"], attributes={"everystep.step.id": fields["step_id"]})
+    _push("step", span)
+
+
+def _step_recorded(fields):
+    span = _find("step")
+    if span is None:
+        return
+    exception = fields.get("exception")
+    if exception is not None:
+        span.record_exception(exception)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exception).__name__}: {exception}"))
+    _end("step")
+
+
+def _fork_started(fields):
+    span = _tracer().start_span(
+        f"parallel {fields['fork_id']}",
+        attributes={"everystep.step.id": fields["fork_id"], "everystep.branches": fields["count"]},
+    )
+    _push("fork", span)
+
+
+def _fork_ended(fields):
+    _end("fork")
+
+
+def _push(kind, span):
+    token = otel_context.attach(trace.set_span_in_context(span))
+    _stack().append((kind, span, token))
+
+
+def _find(kind):
+    """The innermost open span of `kind` on this thread, or None."""
+    for open_kind, span, _ in reversed(_stack()):
+        if open_kind == kind:
+            return span
+    return None
+
+
+def _end(kind):
+    """End the innermost open span of `kind` on this thread, and the spans
+    opened inside it that were left open (a step whose record failed)."""
+    stack = _stack()
+    if not any(open_kind == kind for open_kind, _, _ in stack):
+        return
+    while stack:
+        open_kind, span, token = stack.pop()
+        span.end()
+        otel_context.detach(token)
+        if open_kind == kind:
+            return
+
+
+def _stack():
+    stack = getattr(_open, "spans", None)
+    if stack is None:
+        stack = _open.spans = []
+    return stack
+
+
+_HANDLERS = {
+    "attempt_started": _attempt_started,
+    "attempt_ended": _attempt_ended,
+    **{f"run_{status}": _run_finished for status in ("completed", "failed", "stopped", "blocked")},
+    "step_started": _step_started,
+    "step_recorded": _step_recorded,
+    "fork_started": _fork_started,
+    "fork_ended": _fork_ended,
+}
