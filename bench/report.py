@@ -200,18 +200,19 @@ def _steps(t, get):
             backend,
             f"engine's own Python: {number(step - driver)} µs per step",
         )
-        overhead = get(f"{prefix}.metrics_overhead")
-        if overhead is not None:
-            counted = get(f"{prefix}.step_with_metrics_us")
-            t.row(
-                "  with the metrics on (interleaved with them off)",
-                counted,
-                "µs",
-                counted / 1e6,
-                backend,
-                f"{number(get(f'{prefix}.step_without_subscribers_us'))} µs off: "
-                f"{overhead:.3f}×, target ≤ 1.05×: {verdict(overhead <= 1.05)}",
-            )
+        for label, key, ratio_key, target in (
+            ("  with the metrics on", "step_with_metrics_us", "metrics_overhead", 1.05),
+            ("  + spans, no-op tracer", "step_with_noop_tracing_us", "noop_tracing_overhead", None),
+            ("  + spans, SDK in memory", "step_with_sdk_tracing_us", "sdk_tracing_overhead", None),
+        ):
+            overhead = get(f"{prefix}.{ratio_key}")
+            if overhead is None:
+                continue
+            value = get(f"{prefix}.{key}")
+            note = f"{overhead:.3f}× the step with nothing subscribed (interleaved)"
+            if target is not None:
+                note += f", target ≤ {target}×: {verdict(overhead <= target)}"
+            t.row(label, value, "µs", value / 1e6, backend, note)
         trips = get(f"{prefix}.step_round_trips")
         t.row(
             "round trips per step (counted)",

@@ -18,22 +18,29 @@ of statements the connection has prepared on the server is reported too: a
 step statement parsed and planned anew each time costs more than a
 prepared one.
 
-The cost of observability: the same run with the metrics subscribed to
-the engine's events (`everystep.metrics`, as every worker has them) and
-without any subscriber, interleaved repetition by repetition.
+The cost of observability: the same run with nothing subscribed to the
+engine's events, with the metrics (`everystep.metrics`, as every worker has
+them), with the spans too (`everystep.tracing`) on OpenTelemetry's no-op
+tracer, and on the SDK recording into memory; interleaved repetition by
+repetition.
 
 Also here: a sequential 5-step run (schedule, claim and execute on one
 thread) — the figure DBOS Transact's direct workflow call is compared with.
 """
 
+import contextlib
 import time
 
 from django.db import connection
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from bench import workflows
 from bench.common import RoundTrips, median
 from bench.limits import PhysicalLimit
-from everystep import events, metrics, runner, schedule, store
+from everystep import events, metrics, runner, schedule, store, tracing
 
 
 def transaction_id():
@@ -83,17 +90,45 @@ def sequential_run():
     return time.perf_counter() - began
 
 
-def metrics_on_and_off(count, repeat):
-    """Median seconds per recorded step without the metrics and with them
-    subscribed to the engine's events, interleaved; they stay subscribed."""
+def observability_costs(count, repeat):
+    """Median seconds per recorded step with nothing subscribed to the
+    engine's events, with the metrics, with the metrics and the spans on
+    OpenTelemetry's no-op tracer, and with both on the SDK recording into
+    memory (each interleaved with the bare run it is compared to)."""
     metrics.install()
-    bare, counted = [], []
+    tracing.install()
+    both = (metrics.on_event, tracing.on_event)
+    figures = {"bare": [], "metrics": [], "tracing_noop": [], "bare_again": [], "tracing_sdk": []}
     for _ in range(repeat):
-        events.unsubscribe(metrics.on_event)
-        bare.append(recorded_run(count)[0])
-        events.subscribe(metrics.on_event)
-        counted.append(recorded_run(count)[0])
-    return median(bare), median(counted)
+        for variant, subscribed in (("bare", ()), ("metrics", both[:1]), ("tracing_noop", both)):
+            with subscribers(subscribed):
+                figures[variant].append(recorded_run(count)[0])
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    for _ in range(repeat):
+        with subscribers(()):
+            figures["bare_again"].append(recorded_run(count)[0])
+        with subscribers(both):
+            figures["tracing_sdk"].append(recorded_run(count)[0])
+        exporter.clear()
+    return {variant: median(values) for variant, values in figures.items()}
+
+
+@contextlib.contextmanager
+def subscribers(callbacks):
+    """Only `callbacks` (of the metrics and the spans) subscribed, meanwhile."""
+    for callback in (metrics.on_event, tracing.on_event):
+        if callback in events._subscribers:
+            events.unsubscribe(callback)
+    for callback in callbacks:
+        events.subscribe(callback)
+    try:
+        yield
+    finally:
+        for callback in callbacks:
+            events.unsubscribe(callback)
 
 
 def measure(count=200, repeat=7, sequential=50):
@@ -112,16 +147,20 @@ def measure(count=200, repeat=7, sequential=50):
             writes.append(written)
     finally:
         limit.close()
-    bare, counted = metrics_on_and_off(count, repeat)
+    costs_of = observability_costs(count, repeat)
     sequential_runs = [sequential_run() for _ in range(sequential)]
     figures = {
         "physical_limit_us": median(limits) * 1e6,
         "step_us": median(costs) * 1e6,
         "step_vs_limit": median(costs) / median(limits),
         "step_in_driver_us": median(waits) * 1e6,
-        "step_without_subscribers_us": bare * 1e6,
-        "step_with_metrics_us": counted * 1e6,
-        "metrics_overhead": counted / bare,
+        "step_without_subscribers_us": costs_of["bare"] * 1e6,
+        "step_with_metrics_us": costs_of["metrics"] * 1e6,
+        "metrics_overhead": costs_of["metrics"] / costs_of["bare"],
+        "step_with_noop_tracing_us": costs_of["tracing_noop"] * 1e6,
+        "noop_tracing_overhead": costs_of["tracing_noop"] / costs_of["bare"],
+        "step_with_sdk_tracing_us": costs_of["tracing_sdk"] * 1e6,
+        "sdk_tracing_overhead": costs_of["tracing_sdk"] / costs_of["bare_again"],
         "run_statements": median(statements),
         "step_round_trips": (median(statements) - 2) / count,
         "steps_per_run": count,

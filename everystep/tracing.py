@@ -66,7 +66,15 @@ def on_event(event, fields):
 
 
 def _tracer():
-    return trace.get_tracer(TRACER_NAME)
+    """The tracer ``everystep``, made once: a proxy until the application
+    sets its tracer provider, then that provider's."""
+    global _cached_tracer
+    if _cached_tracer is None:
+        _cached_tracer = trace.get_tracer(TRACER_NAME)
+    return _cached_tracer
+
+
+_cached_tracer = None
 
 
 def _attempt_started(fields):
