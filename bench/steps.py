@@ -120,8 +120,7 @@ def observability_costs(count, repeat):
 def subscribers(callbacks):
     """Only `callbacks` (of the metrics and the spans) subscribed, meanwhile."""
     for callback in (metrics.on_event, tracing.on_event):
-        if callback in events._subscribers:
-            events.unsubscribe(callback)
+        events.unsubscribe(callback)
     for callback in callbacks:
         events.subscribe(callback)
     try:

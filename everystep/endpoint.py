@@ -17,6 +17,7 @@ import socket
 import threading
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
+from django.db import connections
 from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -70,7 +71,12 @@ class Endpoint:
             start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
             return [body]
         if path in ("/metrics", "/"):
-            return _METRICS_APP(environ, start_response)
+            try:
+                return _METRICS_APP(environ, start_response)
+            finally:
+                # The queue gauges may have opened a connection on this
+                # short-lived request thread: close it with the thread.
+                connections.close_all()
         start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
         return [b"not found: try /metrics, /healthz or /readyz\n"]
 
@@ -79,7 +85,10 @@ _METRICS_APP = make_wsgi_app()
 
 
 class _QuietHandler(WSGIRequestHandler):
-    """No access log: a probe every few seconds would flood the worker's."""
+    """No access log: a probe every few seconds would flood the worker's.
+    A client that connects and says nothing is dropped after `timeout`."""
+
+    timeout = 10
 
     def log_message(self, format, *args):
         pass

@@ -4,11 +4,11 @@ The runner and the worker call `announce(EVENT, **fields)` at each
 transition — a run claimed, finished, requeued; a step recorded; the
 database lost and found again — and never log, count or trace on their own.
 `announce` calls every subscriber with the event's name and fields — the
-metrics (`everystep.metrics`) and the error reports (`everystep.reporting`)
-hang off this seam — and writes the log record: one message per event, with
-the same ``extra`` keys every time (``action`` and the event's fields, run
-ids as strings; objects meant for subscribers, such as an exception, kept
-out).
+metrics (`everystep.metrics`), the spans (`everystep.tracing`) and the
+error reports (`everystep.reporting`) hang off this seam — and writes the
+log record: one message per event, with the same ``extra`` keys every time
+(``action`` and the event's fields, run ids as strings; objects meant for
+subscribers, such as an exception, kept out).
 
 A subscriber must be quick and must not raise: it runs on the engine's own
 threads. One that raises is logged and skipped, never allowed to fail a run.
@@ -16,11 +16,15 @@ threads. One that raises is logged and skipped, never allowed to fail a run.
 
 import dataclasses
 import logging
+import threading
 import uuid
 
 logger = logging.getLogger("everystep")
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
+
+#: How a run's attempt can finish it; each is announced as ``run_<status>``.
+FINISHED = ("completed", "failed", "stopped", "blocked")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,16 +61,22 @@ EVENTS = {
         "run {run_id} step {step_id} {step} {status} in {seconds:.3f}s",
         hidden=("exception",),
     ),
+    "step_unrecorded": Event(
+        DEBUG, "run {run_id} step {step_id} ended unrecorded: {exception!r}", hidden=("exception",)
+    ),
     "fork_started": Event(DEBUG, "run {run_id} fork {fork_id}: {count} branches"),
     "fork_ended": Event(DEBUG, "run {run_id} fork {fork_id} joined"),
-    "attempt_ended": Event(DEBUG, "run {run_id} {workflow}: attempt ended {status}"),
+    "attempt_ended": Event(
+        DEBUG, "run {run_id} {workflow}: attempt ended {status}", hidden=("exception",)
+    ),
+    "worker_starting": Event(DEBUG, "worker {worker} starting"),
     **{
         f"run_{status}": Event(
             INFO if status == "completed" else WARNING,
             "run {run_id} {workflow} {status} in {millis:.0f} ms{reason}",
             hidden=("exception",),
         )
-        for status in ("completed", "failed", "stopped", "blocked")
+        for status in FINISHED
     },
     "run_requeued": Event(INFO, "run {run_id} requeued {reason}"),
     "run_released": Event(
@@ -110,16 +120,24 @@ EVENTS = {
 }
 
 _subscribers = []
+_lock = threading.Lock()
 
 
 def subscribe(callback):
-    """Call ``callback(event, fields)`` after each announcement; returns it."""
-    _subscribers.append(callback)
+    """Call ``callback(event, fields)`` after each announcement (once, however
+    often it is subscribed); returns it."""
+    global _subscribers
+    with _lock:  # copy on write: `announce` iterates a list nobody changes
+        if callback not in _subscribers:
+            _subscribers = [*_subscribers, callback]
     return callback
 
 
 def unsubscribe(callback):
-    _subscribers.remove(callback)
+    """Stop calling `callback`; nothing happens if it was not subscribed."""
+    global _subscribers
+    with _lock:
+        _subscribers = [subscribed for subscribed in _subscribers if subscribed != callback]
 
 
 def announce(event, exc_info=None, **fields):

@@ -21,7 +21,7 @@ import time
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from everystep import events
+from everystep import events, retry
 
 QUEUE_CACHE_SECONDS = 5.0
 
@@ -71,7 +71,6 @@ DB_OUTAGE = Gauge(
     ["runner"],
 )
 
-_FINISHED = {f"run_{status}" for status in ("completed", "failed", "stopped", "blocked")}
 
 _installed = False
 _install_lock = threading.Lock()
@@ -105,6 +104,11 @@ def _run_finished(fields):
     WORKFLOW_DURATION.labels(workflow, status).observe(fields["millis"] / 1000)
 
 
+def _run_crashed(fields):
+    """A run the engine failed after an error of its own: failed, too."""
+    WORKFLOW_RUNS.labels(fields["workflow"], "failed").inc()
+
+
 def _step_recorded(fields):
     workflow, step = fields["workflow"], fields["step"]
     STEP_RUNS.labels(workflow, step, fields["status"]).inc()
@@ -115,9 +119,11 @@ def _claim(fields):
     runner = fields["worker"]
     CLAIMS.labels(runner).inc(fields["count"])
     IN_FLIGHT.labels(runner).inc(fields["count"])
+    if fields["taken_back"]:
+        return  # parked long ago: no pickup delay
     now = time.time()
     for run in fields["runs"]:
-        if run.due_at is not None and fields["how"] == "claimed":
+        if run.due_at is not None:
             PICKUP_DELAY.labels(run.name).observe(max(0.0, now - run.due_at.timestamp()))
 
 
@@ -129,15 +135,17 @@ def _requeued(fields):
     REQUEUED.labels(fields["worker"]).inc()
 
 
-def _worker_ready(fields):
+def _worker_starting(fields):
     global _runner
     _runner = runner = fields["worker"]
-    POOL_SIZE.labels(runner).set(fields["pool_size"])
-    for zero_until_counted in (IN_FLIGHT, CLAIMS, REQUEUED):
-        zero_until_counted.labels(runner)
     STARTED_AT.labels(runner).set(fields["started_at"])
-    DB_OUTAGE.labels(runner).set(0)
-    DB_RETRIES.labels(runner)
+    DB_OUTAGE.labels(runner).set(0 if retry.outage.since is None else 1)
+    for zero_until_counted in (IN_FLIGHT, CLAIMS, REQUEUED, DB_RETRIES):
+        zero_until_counted.labels(runner)
+
+
+def _worker_ready(fields):
+    POOL_SIZE.labels(fields["worker"]).set(fields["pool_size"])
 
 
 def _db_retry(fields):
@@ -153,11 +161,13 @@ def _db_recovered(fields):
 
 
 _HANDLERS = {
-    **dict.fromkeys(_FINISHED, _run_finished),
+    **{f"run_{status}": _run_finished for status in events.FINISHED},
+    "run_crashed": _run_crashed,
     "step_recorded": _step_recorded,
     "claim": _claim,
     "attempt_ended": _attempt_ended,
     "run_requeued": _requeued,
+    "worker_starting": _worker_starting,
     "worker_ready": _worker_ready,
     "db_retry": _db_retry,
     "db_outage": _db_outage,
@@ -180,21 +190,27 @@ class QueueCollector:
         return []  # read at collect time only: registering must not query
 
     def collect(self):
+        """The cached gauges, read again first when they are older than
+        `QUEUE_CACHE_SECONDS` — by one scrape: the others meanwhile get the
+        cached ones rather than queue up behind a slow database."""
         with self._lock:
             now = time.monotonic()
-            if self._read_at is None or now - self._read_at >= QUEUE_CACHE_SECONDS:
-                self._read_at = now
-                self._families = self._read()
-            return list(self._families)
+            due = self._read_at is None or now - self._read_at >= QUEUE_CACHE_SECONDS
+            if due:
+                self._read_at = now  # claims the read
+        if due:
+            self._families = self._read()
+        return list(self._families)
 
     def _read(self):
-        from everystep import operations, store
+        from django.db import DEFAULT_DB_ALIAS, connections
+
+        from everystep import deadline, operations, store
 
         try:
-            queue = store.queue_state()
-            known = set()
-            for workflows in operations.live_workers().values_list("workflows", flat=True):
-                known.update(workflows)
+            with deadline.guard(connections[DEFAULT_DB_ALIAS], "reading the queue gauges"):
+                queue = store.queue_state()
+                known = operations.registered_workflows()
         except Exception:  # noqa: BLE001 - an unreachable database: no queue gauges
             return []
         families = [

@@ -167,15 +167,20 @@ def _lost_before(now):
     return now - datetime.timedelta(seconds=Worker.LOST_AFTER)
 
 
-def unclaimable():
-    """Scheduled runs of workflows that no live worker has registered, as
-    ``{workflow name: count}``."""
+def registered_workflows():
+    """The names of the workflows some live worker has registered."""
     known = set()
     for workflows in live_workers().values_list("workflows", flat=True):
         known.update(workflows)
+    return known
+
+
+def unclaimable():
+    """Scheduled runs of workflows that no live worker has registered, as
+    ``{workflow name: count}``."""
     waiting = (
         Workflow.objects.filter(status=Workflow.Status.SCHEDULED)
-        .exclude(name__in=known)
+        .exclude(name__in=registered_workflows())
         .values_list("name")
         .annotate(count=Count("id"))
     )

@@ -35,7 +35,6 @@ class Pool:
 
     def __init__(self, size, worker_name, draining, on_done):
         self.size = size
-        self.worker_name = worker_name
         self.in_flight = {}  # run id → Job
         #: Runs left exactly as a dead process leaves them (a simulated
         #: crash): this worker must not take them back while it lives.

@@ -11,23 +11,15 @@ or with it not initialized, nothing happens.
 """
 
 import sys
-import threading
 
 from everystep import events
 
 _REPORTED = ("run_failed", "run_crashed")
 
-_installed = False
-_install_lock = threading.Lock()
-
 
 def install():
     """Subscribe the reports to the engine's events; idempotent."""
-    global _installed
-    with _install_lock:
-        if not _installed:
-            events.subscribe(on_event)
-            _installed = True
+    events.subscribe(on_event)
 
 
 def on_event(event, fields):

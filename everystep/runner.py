@@ -60,10 +60,13 @@ def execute(claimed, draining=None):
         worker=claimed.claimed_by,
         draining=draining or threading.Event(),
     )
-    status = "crashed"
+    status, error = "crashed", None
     try:
         status = _attempt(claimed, run) or "lost"
         return None if status == "lost" else status
+    except BaseException as exc:
+        error = exc
+        raise
     finally:
         events.announce(
             "attempt_ended",
@@ -71,6 +74,7 @@ def execute(claimed, draining=None):
             workflow=run.workflow_name,
             worker=run.worker,
             status=status,
+            exception=error,
         )
 
 
@@ -153,26 +157,14 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
         step_id=step_id,
         step=name,
     )
-    ctx.recording = False  # what the function calls is part of this step
-    began = time.monotonic()
     try:
-        result = func(*args, **kwargs)
-    except Exception as exc:
-        error, status, result = exc, Step.Status.FAILED, None
-        encoded_error = serde.encode_exception(exc)
-        result_text, error_text = None, serde.dumps(encoded_error)
-    else:
-        error, status, encoded_error = None, Step.Status.DONE, None
-        result_text, error_text = serde.dumps(serde.to_json(result)), None
-    finally:
-        ctx.recording = True
-    serde.check_size(
-        f"the outcome of step {step_id}", step["args"], step["kwargs"], result_text, error_text
-    )
-
-    if fault is not None:
-        fault(ctx, step_id)
-    _record(run, step, status, result_text, error_text, update=unsafe_to_repeat or rerun_started)
+        outcome = _call_and_record(ctx, step, func, args, kwargs, unsafe_to_repeat or rerun_started)
+    except BaseException as exc:
+        # A step that ran but was not recorded: a crash, a lost claim, an
+        # outcome that cannot be stored. Subscribers close what they opened.
+        events.announce("step_unrecorded", run_id=run.workflow_id, step_id=step_id, exception=exc)
+        raise
+    status, result, error, encoded_error, seconds = outcome
     events.announce(
         "step_recorded",
         run_id=run.workflow_id,
@@ -181,7 +173,7 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
         step_id=step_id,
         step=name,
         status=status,
-        seconds=time.monotonic() - began,
+        seconds=seconds,
         exception=error,
     )
     run.outcomes[step_id] = {
@@ -193,6 +185,36 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
     if error is not None:
         raise error
     return result
+
+
+def _call_and_record(ctx, step, func, args, kwargs, update):
+    """Call a new step's function and record its outcome (§3's order, from
+    the call on). Returns (status, result, error, encoded error, seconds the
+    function took)."""
+    run, step_id = ctx.run, step["step_id"]
+    ctx.recording = False  # what the function calls is part of this step
+    began = time.monotonic()
+    try:
+        result = func(*args, **kwargs)
+    except Exception as exc:
+        seconds = time.monotonic() - began
+        error, status, result = exc, Step.Status.FAILED, None
+        encoded_error = serde.encode_exception(exc)
+        result_text, error_text = None, serde.dumps(encoded_error)
+    else:
+        seconds = time.monotonic() - began
+        error, status, encoded_error = None, Step.Status.DONE, None
+        result_text, error_text = serde.dumps(serde.to_json(result)), None
+    finally:
+        ctx.recording = True
+    serde.check_size(
+        f"the outcome of step {step_id}", step["args"], step["kwargs"], result_text, error_text
+    )
+
+    if fault is not None:
+        fault(ctx, step_id)
+    _record(run, step, status, result_text, error_text, update=update)
+    return status, result, error, encoded_error, seconds
 
 
 def refuse_inside_transaction(what):
@@ -236,6 +258,8 @@ def fail_crashed(claimed, exc, should_stop=None):
     engine's own) ``failed`` with the encoded exception. Returns whether it
     landed; raises the last database error if `should_stop` gives up."""
     run = context.RunState(claimed.id, claimed.name, claimed.claim_token, claimed.claimed_by)
+    if not _move(run, Status.FAILED, "failing", should_stop, error=serde.encode_exception(exc)):
+        return False
     events.announce(
         "run_crashed",
         exc_info=(type(exc), exc, exc.__traceback__),
@@ -244,7 +268,7 @@ def fail_crashed(claimed, exc, should_stop=None):
         workflow=run.workflow_name,
         worker=run.worker,
     )
-    return _move(run, Status.FAILED, "failing", should_stop, error=serde.encode_exception(exc))
+    return True
 
 
 def requeue_claimed(claimed, should_stop=None):

@@ -10,10 +10,11 @@ server's own timeouts end the session, hours later by default.
 So when the engine drops a connection that may have been cut off, it leaves
 the session's id here (`abandon`, read from the driver: no round trip), and
 once the database answers again the worker ends the ones still on the
-server (`end_abandoned`). A session id is trusted only where it cannot have
-been reused: a PostgreSQL pid must belong to a backend as old as the
-connection that opened it, and a MariaDB/MySQL connection id to a server
-that has been up since that connection opened.
+server (`end_abandoned`). A session id is trusted only where it cannot name
+someone else's session: on the same server as when the worker started, or
+since it last changed (a failover, a restart: `note_server`), a PostgreSQL
+pid must belong to a backend as old as the connection that opened it, and a
+MariaDB/MySQL connection id to a server that has been up since then.
 """
 
 import threading
@@ -46,7 +47,14 @@ _MYSQL_LIVE_SQL = """
 _MYSQL_UNKNOWN_THREAD = 1094
 
 _abandoned = {}  # session id → when its connection opened (monotonic)
+_server = None  # (the server's identity, since when it is known (monotonic))
 _lock = threading.Lock()
+
+# What tells one server (or one life of it) from another behind the same URL.
+_SERVER_SQL = {
+    "postgresql": "SELECT pg_postmaster_start_time()::text",
+    "mysql": "SELECT CONCAT_WS(':', @@hostname, @@port, @@server_id)",
+}
 
 
 def on_connection_created(sender, connection, **kwargs):
@@ -86,6 +94,29 @@ def forget(wrapper):
     wrapper.__dict__.pop("everystep_sessions", None)
 
 
+def note_server(wrapper):
+    """Note which server `wrapper` talks to; sessions opened before it last
+    changed are never ended (their ids may name other sessions there). One
+    query; called when a worker starts and before ending sessions."""
+    global _server
+    if wrapper.vendor not in _SERVER_SQL:
+        return
+    with wrapper.cursor() as cursor:
+        cursor.execute(_SERVER_SQL[wrapper.vendor])
+        identity = cursor.fetchone()[0]
+    with _lock:
+        if _server is None:
+            _server = (identity, 0.0)  # the first one seen: every session so far is there
+        elif _server[0] != identity:
+            _server = (identity, time.monotonic())
+
+
+def forget_abandoned():
+    """Give up ending the remembered sessions (the server refuses to)."""
+    with _lock:
+        _abandoned.clear()
+
+
 def pending():
     """Whether sessions wait to be ended."""
     return bool(_abandoned)
@@ -96,12 +127,21 @@ def end_abandoned(wrapper):
     server; forget them all once the server answered. Returns how many it
     ended. Database errors propagate (the sessions stay remembered).
     Only the engine's default database is ever remembered here."""
-    with _lock:
-        now = time.monotonic()
-        ages = {sid: now - opened_at for sid, opened_at in _abandoned.items()}
-    if not ages:
-        return 0
     with deadline.guard(wrapper, "ending sessions left by cut-off connections"):
+        note_server(wrapper)
+        with _lock:
+            now = time.monotonic()
+            known_since = _server[1]
+            ages = {
+                sid: now - opened_at
+                for sid, opened_at in _abandoned.items()
+                if opened_at >= known_since
+            }
+            forgotten = [sid for sid in _abandoned if sid not in ages]
+            for sid in forgotten:
+                _abandoned.pop(sid)
+        if not ages:
+            return 0
         if wrapper.vendor == "postgresql":
             ended = _end_postgresql(wrapper, ages)
         else:

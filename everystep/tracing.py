@@ -23,6 +23,7 @@ context, so the step's own code sees it as its parent.
 import threading
 
 from everystep import events
+from everystep.errors import Terminal
 
 try:
     from opentelemetry import context as otel_context
@@ -33,20 +34,13 @@ except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
 
 TRACER_NAME = "everystep"
 
-_installed = False
-_install_lock = threading.Lock()
 _open = threading.local()  # .spans: a stack of (span, context token) on this thread
 
 
 def install():
     """Subscribe the spans to the engine's events; idempotent."""
-    global _installed
-    if trace is None:
-        return
-    with _install_lock:
-        if not _installed:
-            events.subscribe(on_event)
-            _installed = True
+    if trace is not None:
+        events.subscribe(on_event)
 
 
 def current_context():
@@ -101,19 +95,16 @@ def _attempt_started(fields):
 
 def _run_finished(fields):
     span = _find("attempt")
-    if span is None:
-        return
-    span.set_attribute("everystep.workflow.status", fields["status"])
-    exception = fields.get("exception")
-    if exception is not None:
-        span.record_exception(exception)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exception).__name__}: {exception}"))
+    if span is not None:
+        span.set_attribute("everystep.workflow.status", fields["status"])
+        _failed(span, fields.get("exception"))
 
 
 def _attempt_ended(fields):
     span = _find("attempt")
-    if span is not None and fields["status"] not in ("completed", "failed", "stopped", "blocked"):
+    if span is not None and fields["status"] not in events.FINISHED:
         span.set_attribute("everystep.workflow.status", fields["status"])
+        _failed(span, fields.get("exception"))  # an error of the engine's own
     _end("attempt")
 
 
@@ -122,15 +113,20 @@ def _step_started(fields):
     _push("step", span)
 
 
-def _step_recorded(fields):
+def _step_ended(fields):
     span = _find("step")
-    if span is None:
+    if span is not None:
+        _failed(span, fields.get("exception"))
+        _end("step")
+
+
+def _failed(span, exception):
+    """Mark `span` failed by `exception`, unless there is none or it is a
+    `Terminal` (a chosen stop, not an error)."""
+    if exception is None or isinstance(exception, Terminal):
         return
-    exception = fields.get("exception")
-    if exception is not None:
-        span.record_exception(exception)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exception).__name__}: {exception}"))
-    _end("step")
+    span.record_exception(exception)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exception).__name__}: {exception}"))
 
 
 def _fork_started(fields):
@@ -182,9 +178,10 @@ def _stack():
 _HANDLERS = {
     "attempt_started": _attempt_started,
     "attempt_ended": _attempt_ended,
-    **{f"run_{status}": _run_finished for status in ("completed", "failed", "stopped", "blocked")},
+    **{f"run_{status}": _run_finished for status in events.FINISHED},
     "step_started": _step_started,
-    "step_recorded": _step_recorded,
+    "step_recorded": _step_ended,
+    "step_unrecorded": _step_ended,
     "fork_started": _fork_started,
     "fork_ended": _fork_ended,
 }

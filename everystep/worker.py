@@ -106,7 +106,7 @@ class Worker:
         self._delays = None  # the loop's backoff while its database calls fail
         self._error_logged = 0.0
         self._ready = False  # caught up and looping
-        self._last_turn = None  # when the loop last turned (monotonic)
+        self._next_turn_at = None  # when the loop's next turn is due (monotonic)
 
     def stop(self):
         """Ask the worker to drain and return; a second call cuts the drain short."""
@@ -126,6 +126,7 @@ class Worker:
         reporting.install()
         tracing.install()
         started_at = time.time()
+        events.announce("worker_starting", worker=self.name, started_at=started_at)
         endpoint = self._start_endpoint()
         restore_signals = self._shutdown.install_signal_handlers(self.drain, self._exit_now)
         try:
@@ -135,9 +136,7 @@ class Worker:
             lost = None
             try:
                 retry.retrying(
-                    lambda attempt: store.worker_started(
-                        self.name, self.pool_size, registry.names()
-                    ),
+                    self._register,
                     what=f"registering worker {self.name}",
                     should_stop=self._shutdown.requested.is_set,
                 )
@@ -145,12 +144,11 @@ class Worker:
                 self._pool.start()
                 self._guard.start()
                 if self._take_back:
-                    self._wake.wait(self._turn())
+                    self._wait(self._turn())
                 self._ready = True
                 events.announce(
                     "worker_ready",
                     worker=self.name,
-                    started_at=started_at,
                     pool_size=self.pool_size,
                     poll=self.poll,
                     drain=self.drain,
@@ -184,37 +182,48 @@ class Worker:
             if self._drained:
                 self._announce_stopped()
 
+    def _register(self, attempt):
+        """Record this worker in the workers table, and note which server it
+        talks to (`everystep.sessions` ends sessions on that server only)."""
+        store.worker_started(self.name, self.pool_size, registry.names())
+        sessions.note_server(connections[DEFAULT_DB_ALIAS])
+
     # The loop.
 
     def _loop(self):
         while not self._shutdown.requested.is_set():
             self._wake.clear()
             self._reap()
-            self._wake.wait(self._turn())
+            self._wait(self._turn())
+
+    def _wait(self, seconds):
+        """Sleep until the next turn is due, or something wakes the loop."""
+        self._next_turn_at = time.monotonic() + seconds
+        self._wake.wait(seconds)
 
     def _turn(self):
         """One turn of the loop: make sure the name is still held, then claim
         up to the free capacity. Returns how long to wait before the next
         turn: the poll interval, or a backoff while the database fails.
         Raises `NameLost`."""
-        self._last_turn = time.monotonic()
+        self._next_turn_at = time.monotonic()
         if self._guard.lost is not None:
             raise self._guard.lost
         if not self._guard.held:
             return self.poll  # no claim while the name is in doubt
+        # A connection held through an outage may be cut off: replace it first.
+        self._generation = retry.replace_if_outage(self._generation)
         if sessions.pending() and retry.outage.since is None:
             self._end_abandoned_sessions()
+            self._next_turn_at = time.monotonic()
         if self._pool.capacity <= 0:
             return self.poll  # full: nothing to claim, and nothing learnt of the database
         try:
-            self._generation = retry.replace_if_outage(self._generation)
             claimed, took_back = self._claim()
         except Exception as exc:  # noqa: BLE001 - told apart in _loop_failed
             return self._loop_failed(exc)
         self._delays = None
         retry.outage.succeeded()
-        for run in claimed:
-            self._pool.submit(run)
         if claimed:
             events.announce(
                 "claim",
@@ -224,7 +233,10 @@ class Worker:
                 run_list=", ".join(str(run.id) for run in claimed),
                 run_ids=[run.id for run in claimed],
                 runs=claimed,
+                taken_back=took_back,
             )
+        for run in claimed:
+            self._pool.submit(run)
         return 0 if took_back and self._take_back else self.poll
 
     def _claim(self):
@@ -256,8 +268,14 @@ class Worker:
         try:
             if sessions.end_abandoned(connections[DEFAULT_DB_ALIAS]):
                 self._take_back = True
-        except Exception as exc:  # noqa: BLE001 - still remembered: tried again next turn
-            retry.drop_after(exc)
+        except Exception as exc:  # noqa: BLE001 - told apart below
+            if retry.is_transient(exc):
+                retry.drop_after(exc)  # still remembered: tried again next turn
+                return
+            # The server will not let them be ended (a privilege, a proxy in
+            # between): say so once and leave them to its own timeouts.
+            sessions.forget_abandoned()
+            self._log_loop_error(exc)
 
     def _heartbeat(self, lock_connection):
         """Called by the name guard after each check of the lock, with the
@@ -296,14 +314,8 @@ class Worker:
         committed, so the next turn takes back this name's parked runs."""
         if retry.is_transient(exc):
             retry.outage.failed("claiming runs", exc)
-        elif time.monotonic() - self._error_logged >= LOOP_ERROR_LOG_INTERVAL:
-            self._error_logged = time.monotonic()
-            events.announce(
-                "loop_error",
-                exc_info=(type(exc), exc, exc.__traceback__),
-                worker=self.name,
-                error=retry.one_line(exc),
-            )
+        else:
+            self._log_loop_error(exc)
         self._take_back = True
         retry.drop_after(exc)
         if self._delays is None:
@@ -312,14 +324,15 @@ class Worker:
 
     def health(self):
         """``(alive, ready, reason)`` for the probes (`everystep.endpoint`):
-        alive while the loop turns (a wedged one has not turned for 3 polls
-        plus the database deadline); ready once caught up, while the
+        alive while the loop turns (a wedged one is late for its next turn,
+        backoff included, by more than 3 polls plus the database deadline);
+        ready once caught up, while the
         database answers, the name is held and the worker is not draining."""
-        stalled_after = 3 * self.poll + self.options.db_deadline
-        last_turn = self._last_turn
-        if last_turn is not None and time.monotonic() - last_turn > stalled_after:
-            since = time.monotonic() - last_turn
-            return False, False, f"the worker loop has not turned for {since:.0f}s"
+        due = self._next_turn_at
+        if due is not None:
+            late = time.monotonic() - due
+            if late > 3 * self.poll + self.options.db_deadline:
+                return False, False, f"the worker loop is {late:.0f}s late for its next turn"
         if self._draining.is_set():
             return True, False, "draining"
         if not self._ready:
@@ -337,6 +350,19 @@ class Worker:
         endpoint = Endpoint(self.options.metrics_bind, self.options.metrics_port, self.health)
         endpoint.start()
         return endpoint
+
+    def _log_loop_error(self, exc):
+        """Log an error of the loop's that is no outage, with its traceback,
+        at most once every `LOOP_ERROR_LOG_INTERVAL` seconds."""
+        if time.monotonic() - self._error_logged < LOOP_ERROR_LOG_INTERVAL:
+            return
+        self._error_logged = time.monotonic()
+        events.announce(
+            "loop_error",
+            exc_info=(type(exc), exc, exc.__traceback__),
+            worker=self.name,
+            error=retry.one_line(exc),
+        )
 
     def _start_listener(self):
         """On PostgreSQL, wake the loop as soon as a run is scheduled."""
@@ -376,7 +402,7 @@ class Worker:
                 until="" if deadline_at is None else f", or in {self.drain}s at the latest",
             )
         while True:
-            self._last_turn = time.monotonic()
+            self._next_turn_at = time.monotonic() + 0.5
             self._wake.clear()
             self._reap()
             if not self._pool.in_flight or self._shutdown.hurried.is_set():

@@ -158,18 +158,21 @@ def test_readyz_is_503_while_starting_and_during_an_outage(fault_proxy, spawn_wo
     proxy = fault_proxy(database_url())
     proxy.refuse()
     env = {"EVERYSTEP_DATABASE_URL": proxy.url(database_url())}
-    worker = metrics_worker(spawn_worker, "outaged", env=env)
+    # A short deadline: the loop's backoff (up to 5 s) must not read as a wedged loop.
+    worker = metrics_worker(spawn_worker, "outaged", "--db-deadline", "1", env=env)
     port = worker.metrics_port
     wait_until(lambda: _answers(port), message="the metrics port to answer")
     assert get(port, "/readyz") == (503, "starting\n")
     assert get(port, "/healthz") == (200, "ok\n")
+    wait_until(lambda: _outage_gauge(port) == 1, message="the outage gauge while starting")
 
     proxy.pass_through()
     worker.wait_ready()
     wait_until(lambda: get(port, "/readyz") == (200, "ok\n"))
     proxy.refuse()
     wait_until(lambda: get(port, "/readyz") == (503, "database unreachable\n"), timeout=30)
-    assert get(port, "/healthz") == (200, "ok\n")
+    # Alive throughout, across the backoff's longest waits.
+    holds_for(6, lambda: get(port, "/healthz") == (200, "ok\n"), "/healthz answers 200")
     _, text = get(port, "/metrics")
     assert value(samples(text), "everystep_worker_db_outage", runner="outaged") == 1
     assert value(samples(text), "everystep_db_retries_total", runner="outaged") >= 0
@@ -180,6 +183,18 @@ def test_readyz_is_503_while_starting_and_during_an_outage(fault_proxy, spawn_wo
     assert value(samples(text), "everystep_worker_db_outage", runner="outaged") == 0
     worker.send(signal.SIGTERM)
     assert worker.wait() == 0
+
+
+def holds_for(seconds, condition, what):
+    """Fail unless `condition` stays true, checked every 0.1 s, for `seconds`."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        assert condition(), f"{what}: no longer true"
+        time.sleep(0.1)
+
+
+def _outage_gauge(port):
+    return value(samples(get(port, "/metrics")[1]), "everystep_worker_db_outage", runner="outaged")
 
 
 def _answers(port):

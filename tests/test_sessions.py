@@ -24,6 +24,7 @@ def session_alive(session):
 @pytest.fixture
 def other_connection():
     """A second connection to the test database, as a worker thread has."""
+    sessions.note_server(connection)  # as a worker does when it starts
     wrapper = connections.create_connection("default")
     wrapper.ensure_connection()
     yield wrapper
@@ -31,10 +32,9 @@ def other_connection():
 
 
 @pytest.fixture(autouse=True)
-def nothing_remembered():
-    sessions.end_abandoned.__globals__["_abandoned"].clear()
-    yield
-    sessions.end_abandoned.__globals__["_abandoned"].clear()
+def nothing_remembered(monkeypatch):
+    monkeypatch.setattr(sessions, "_abandoned", {})
+    monkeypatch.setattr(sessions, "_server", None)
 
 
 def test_an_abandoned_session_still_on_the_server_is_ended(other_connection):
@@ -68,6 +68,18 @@ def test_a_session_younger_than_the_connection_that_was_abandoned_is_not_ended(
     ((session, opened_at),) = other_connection.everystep_sessions
     other_connection.everystep_sessions[0] = (session, opened_at - 3600)  # opened an hour ago
     sessions.abandon(other_connection)
+
+    assert sessions.end_abandoned(connection) == 0
+    assert session_alive(session)
+    assert not sessions.pending()
+
+
+def test_sessions_opened_before_the_server_changed_are_not_ended(other_connection, monkeypatch):
+    """After a failover or a restart behind the same URL, an id noted before
+    may name another session on the new server."""
+    ((session, _),) = other_connection.everystep_sessions
+    sessions.abandon(other_connection)
+    monkeypatch.setattr(sessions, "_server", ("the server before a failover", 0.0))
 
     assert sessions.end_abandoned(connection) == 0
     assert session_alive(session)

@@ -90,6 +90,10 @@ def test_a_failure_is_an_error_with_its_exception_and_a_terminal_stop_is_not(spa
     assert attempt() == "failed"
     schedule(workflows.stop_in_body)
     assert attempt() == "stopped"
+    schedule(workflows.stop_in_branch)
+    assert attempt() == "stopped"
+    terminal_step = by_name(spans.get_finished_spans(), "tests.workflows.stop_here")
+    assert terminal_step.status.status_code == StatusCode.UNSET
 
     finished = spans.get_finished_spans()
     failed = by_name(finished, "tests.workflows.failing_body")
@@ -100,6 +104,33 @@ def test_a_failure_is_an_error_with_its_exception_and_a_terminal_stop_is_not(spa
     stopped = by_name(finished, "tests.workflows.stop_in_body")
     assert stopped.status.status_code == StatusCode.UNSET
     assert stopped.attributes["everystep.workflow.status"] == "stopped"
+
+
+def test_a_step_that_ran_but_was_not_recorded_ends_its_span_on_its_own_thread(spans):
+    """A process death after a branch's step ran: every span opened is ended,
+    the unrecorded step's as an error, and nothing nests under it."""
+    schedule(workflows.fanned, 1)
+    runner.fault = crash_at("1.1.1")
+    try:
+        assert attempt() == "running"
+    finally:
+        runner.fault = None
+
+    finished = spans.get_finished_spans()
+    fork = by_name(finished, "parallel 1")
+    steps = [
+        span for span in finished if span.parent and span.parent.span_id == fork.context.span_id
+    ]
+    assert sorted(span.attributes["everystep.step.id"] for span in steps) == [
+        "1.0.1",
+        "1.1.1",
+        "1.2.1",
+    ]
+    [crashed] = [span for span in steps if span.attributes["everystep.step.id"] == "1.1.1"]
+    assert crashed.status.status_code == StatusCode.ERROR
+    run_span = by_name(finished, "tests.workflows.fanned")
+    assert run_span.attributes["everystep.workflow.status"] == "running"
+    assert fork.parent.span_id == run_span.context.span_id
 
 
 def test_a_resumed_attempt_traces_only_the_steps_it_executes_and_links_the_first(spans):

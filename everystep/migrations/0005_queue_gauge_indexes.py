@@ -14,37 +14,40 @@ from django.db import migrations
 
 from everystep.migrations._per_backend import run_for_backend
 
-DROP_SCHEDULED = "DROP INDEX everystep_workflow_scheduled"
+DROP_SCHEDULED = "DROP INDEX IF EXISTS everystep_workflow_scheduled"
 PARTIAL_SCHEDULED = (
-    "CREATE INDEX everystep_workflow_scheduled ON everystep_workflow (created_at) "
+    "CREATE INDEX IF NOT EXISTS everystep_workflow_scheduled ON everystep_workflow (created_at) "
     "WHERE status = 'scheduled'"
 )
 PARTIAL_SCHEDULED_BY_NAME = (
-    "CREATE INDEX everystep_workflow_scheduled ON everystep_workflow (created_at, name) "
-    "WHERE status = 'scheduled'"
+    "CREATE INDEX IF NOT EXISTS everystep_workflow_scheduled "
+    "ON everystep_workflow (created_at, name) WHERE status = 'scheduled'"
 )
 PARTIAL_BLOCKED = (
-    "CREATE INDEX everystep_workflow_blocked ON everystep_workflow (created_at) "
+    "CREATE INDEX IF NOT EXISTS everystep_workflow_blocked ON everystep_workflow (created_at) "
     "WHERE status = 'blocked'"
 )
-DROP_BLOCKED = "DROP INDEX everystep_workflow_blocked"
-MYSQL_DROP_SCHEDULED = "DROP INDEX everystep_workflow_scheduled ON everystep_workflow"
-MYSQL_SCHEDULED = (
-    "CREATE INDEX everystep_workflow_scheduled ON everystep_workflow (status, created_at)"
+DROP_BLOCKED = "DROP INDEX IF EXISTS everystep_workflow_blocked"
+# One statement each way on MariaDB/MySQL: the claim index is never missing.
+MYSQL_ADD_NAME = (
+    "ALTER TABLE everystep_workflow DROP INDEX everystep_workflow_scheduled, "
+    "ADD INDEX everystep_workflow_scheduled (status, created_at, name)"
 )
-MYSQL_SCHEDULED_BY_NAME = (
-    "CREATE INDEX everystep_workflow_scheduled ON everystep_workflow (status, created_at, name)"
+MYSQL_DROP_NAME = (
+    "ALTER TABLE everystep_workflow DROP INDEX everystep_workflow_scheduled, "
+    "ADD INDEX everystep_workflow_scheduled (status, created_at)"
 )
 
+# On PostgreSQL and SQLite, each statement can run again after a failure.
 FORWARD = {
     "postgresql": [DROP_SCHEDULED, PARTIAL_SCHEDULED_BY_NAME, PARTIAL_BLOCKED],
     "sqlite": [DROP_SCHEDULED, PARTIAL_SCHEDULED_BY_NAME, PARTIAL_BLOCKED],
-    "mysql": [MYSQL_DROP_SCHEDULED, MYSQL_SCHEDULED_BY_NAME],
+    "mysql": [MYSQL_ADD_NAME],
 }
 BACKWARD = {
     "postgresql": [DROP_BLOCKED, DROP_SCHEDULED, PARTIAL_SCHEDULED],
     "sqlite": [DROP_BLOCKED, DROP_SCHEDULED, PARTIAL_SCHEDULED],
-    "mysql": [MYSQL_DROP_SCHEDULED, MYSQL_SCHEDULED],
+    "mysql": [MYSQL_DROP_NAME],
 }
 
 
