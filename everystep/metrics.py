@@ -110,9 +110,18 @@ def _run_crashed(fields):
 
 
 def _step_recorded(fields):
-    workflow, step = fields["workflow"], fields["step"]
-    STEP_RUNS.labels(workflow, step, fields["status"]).inc()
-    STEP_DURATION.labels(workflow, step).observe(fields["seconds"])
+    key = (fields["workflow"], fields["step"], fields["status"])
+    children = _step_children.get(key)
+    if children is None:  # labels() takes a lock and builds a key: once per step kind
+        workflow, step, status = key
+        children = STEP_RUNS.labels(workflow, step, status), STEP_DURATION.labels(workflow, step)
+        _step_children[key] = children
+    runs, duration = children
+    runs.inc()
+    duration.observe(fields["seconds"])
+
+
+_step_children = {}  # (workflow, step, status) → the step metrics' labelled children
 
 
 def _claim(fields):
