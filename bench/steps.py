@@ -180,6 +180,7 @@ def measure(count=200, repeat=7, sequential=50):
         "step_in_driver_us": median(waits) * 1e6,
         **{f"{variant}_added_us": seconds * 1e6 for variant, seconds in added.items()},
         **{f"{variant}_overhead": seconds / median(costs) for variant, seconds in added.items()},
+        "run_statements": median(statements),
         "step_round_trips": (median(statements) - 2) / count,
         "steps_per_run": count,
         "sequential_5_step_run_ms": median(sequential_runs) * 1e3,
