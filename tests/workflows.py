@@ -115,6 +115,27 @@ def fork_ids():
 
 
 @workflow
+def nested_forks(n):
+    """A fork inside a fork, sequence branches and a named step: the step
+    graph's hardest straight-line case."""
+    first = echo(n)
+    parallel(
+        lambda: parallel(lambda: echo("a"), [lambda: echo("b"), lambda: add(1, 2)]),
+        [lambda: echo("c"), lambda: echo("d", everystep_id="named")],
+    )
+    return add(first, len("x"))
+
+
+@workflow
+def calls_a_helper(n):
+    return doubled_by_a_helper(n)
+
+
+def doubled_by_a_helper(n):
+    return add(n, n)
+
+
+@workflow
 def echo_values(*values):
     return [echo(value) for value in values]
 
