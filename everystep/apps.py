@@ -23,9 +23,14 @@ class EverystepConfig(AppConfig):
         from django.db.backends.signals import connection_created
         from django.utils.module_loading import autodiscover_modules
 
-        from everystep import sessions, timeouts
+        from everystep import retry, sessions, timeouts
 
-        for receiver in (timeouts.on_connection_created, sessions.on_connection_created):
+        receivers = (
+            timeouts.on_connection_created,
+            sessions.on_connection_created,
+            retry.on_connection_created,
+        )
+        for receiver in receivers:
             connection_created.connect(receiver, dispatch_uid=receiver.__module__)
 
         autodiscover_modules("workflows")

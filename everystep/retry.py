@@ -118,7 +118,8 @@ class _Outage:
     `generation` counts the outages: a connection opened before the latest
     one may have been cut off without a word (a failed-over host, a hung
     proxy), so its holder replaces it before using it again instead of
-    waiting out the deadline on it.
+    waiting out the deadline on it. Such a connection that fails after the
+    outage ended is the outage's tail, not a new one.
     """
 
     def __init__(self):
@@ -126,12 +127,15 @@ class _Outage:
         self.generation = 0
         self._lock = threading.Lock()
 
-    def failed(self, what, exc):
-        """A connection failed (`exc`); contention (`is_contention`) is no outage."""
+    def failed(self, what, exc, wrapper=None):
+        """The connection `wrapper` (a Django connection) failed with `exc`.
+        Contention (`is_contention`) is no outage, and neither is a
+        connection opened before the latest outage: it was cut off then."""
         if is_contention(exc):
             return
+        opened_in = getattr(wrapper, "everystep_outage_generation", None)
         with self._lock:
-            if self.since is not None:
+            if self.since is not None or (opened_in is not None and opened_in < self.generation):
                 return
             self.since = time.monotonic()
             self.generation += 1
@@ -147,6 +151,12 @@ class _Outage:
 
 
 outage = _Outage()
+
+
+def on_connection_created(sender, connection, **kwargs):
+    """Django's ``connection_created`` receiver: note the outage generation
+    each connection was opened in (see `_Outage.failed`)."""
+    connection.everystep_outage_generation = outage.generation
 
 
 def replace_if_outage(seen):
@@ -208,7 +218,7 @@ def retrying(operation, *, what, should_stop=None, fatal=None):
                 or (should_stop is not None and should_stop())
             ):
                 raise
-            outage.failed(what, exc)
+            outage.failed(what, exc, connections[DEFAULT_DB_ALIAS])
             delay = next(delays)
             events.announce(
                 "db_retry", what=what, attempt=attempt, delay=delay, error=one_line(exc)

@@ -313,7 +313,7 @@ class Worker:
         traceback, rate-limited). A claim whose reply was lost may have
         committed, so the next turn takes back this name's parked runs."""
         if retry.is_transient(exc):
-            retry.outage.failed("claiming runs", exc)
+            retry.outage.failed("claiming runs", exc, connections[DEFAULT_DB_ALIAS])
         else:
             self._log_loop_error(exc)
         self._take_back = True
