@@ -1,14 +1,17 @@
 """The minimal Django settings a worker needs, built from an `Environment`:
-the database, everystep plus any extra apps, and logging to stderr. No
-secret key, middleware or templates: a worker serves no requests."""
+the database, everystep plus any extra apps, and logging to stderr; and
+what the operator UI adds to serve requests (`ui_settings`)."""
+
+import secrets
 
 from everystep_config.database import database_settings
 
 
-def django_settings(env, *, workflows=()):
+def django_settings(env, *, workflows=(), ui=False):
     """Settings for ``django.conf.settings.configure()``; `workflows` are the
-    modules the everystep app imports when ready."""
-    return {
+    modules the everystep app imports when ready; `ui` adds what serving the
+    operator UI needs."""
+    settings = {
         "DATABASES": {"default": database_settings(env.effective_database_url)},
         "INSTALLED_APPS": ["everystep", *env.installed_apps],
         "EVERYSTEP_WORKFLOWS": list(workflows),
@@ -16,6 +19,42 @@ def django_settings(env, *, workflows=()):
         "TIME_ZONE": "UTC",
         "DEFAULT_AUTO_FIELD": "django.db.models.BigAutoField",
         "LOGGING_CONFIG": None,  # logging is set up by `logging_config`, below
+    }
+    if ui:
+        settings.update(ui_settings(env))
+    return settings
+
+
+def ui_settings(env):
+    """The standalone operator UI: its one user signed in by password (no
+    user tables: the session is a signed cookie), CSRF-checked forms, the
+    templates of the everystep app, and its URLs at the root."""
+    return {
+        "SECRET_KEY": env.ui.secret_key or secrets.token_urlsafe(50),
+        "ROOT_URLCONF": "everystep_config.urls",
+        "ALLOWED_HOSTS": ["*"],  # reached through any name; every page needs the password
+        "MIDDLEWARE": [
+            "django.middleware.security.SecurityMiddleware",
+            "django.contrib.sessions.middleware.SessionMiddleware",
+            "django.middleware.csrf.CsrfViewMiddleware",
+            "django.middleware.clickjacking.XFrameOptionsMiddleware",
+        ],
+        "TEMPLATES": [
+            {
+                "BACKEND": "django.template.backends.django.DjangoTemplates",
+                "APP_DIRS": True,
+                "OPTIONS": {"context_processors": ["django.template.context_processors.request"]},
+            }
+        ],
+        "SESSION_ENGINE": "django.contrib.sessions.backends.signed_cookies",
+        "SESSION_COOKIE_NAME": "everystep_session",
+        "SESSION_COOKIE_HTTPONLY": True,
+        "SESSION_COOKIE_SAMESITE": "Lax",
+        "CSRF_COOKIE_NAME": "everystep_csrftoken",
+        "CSRF_COOKIE_HTTPONLY": True,
+        "CSRF_TRUSTED_ORIGINS": env.ui.trusted_origins,
+        "EVERYSTEP_UI_PASSWORD": env.ui.password,
+        "EVERYSTEP_UI_READ_ONLY": env.ui.read_only,
     }
 
 

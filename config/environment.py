@@ -44,6 +44,65 @@ def _listing(separator):
     return convert
 
 
+def _flag(variable):
+    """true/false (also 1/0, yes/no, on/off); anything else is refused, so a
+    typo never quietly turns a safety setting off."""
+
+    def convert(value):
+        if isinstance(value, bool):
+            return value
+        text = value.strip().lower()
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off", ""):
+            return False
+        raise ConfigError(f"{variable}={value!r} is not true or false")
+
+    return convert
+
+
+def _port(variable):
+    def convert(value):
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is None or not 1 <= number <= 65535:
+            raise ConfigError(f"{variable}={value!r} is not a port number (1 to 65535)")
+        return number
+
+    return convert
+
+
+@environ.config
+class UI:
+    """The operator UI served by ``everystep ui``."""
+
+    password = environ.var(
+        None, help="required by `ui` (with the bundled settings): the password of its user, admin"
+    )
+    read_only = environ.var(
+        "false",
+        converter=_flag("EVERYSTEP_UI_READ_ONLY"),
+        help="true: the UI shows everything and offers no action",
+    )
+    port = environ.var(
+        "8000", converter=_port("EVERYSTEP_UI_PORT"), help="the port `ui` listens on"
+    )
+    bind = environ.var("127.0.0.1", help="the address `ui` listens on (0.0.0.0 in a container)")
+    trusted_origins = environ.var(
+        None,
+        converter=_listing(","),
+        help="comma-separated origins the UI is reached at through a proxy that ends TLS, "
+        "such as https://ops.example.com (its forms are refused from any other)",
+    )
+    secret_key = environ.var(
+        None,
+        help="signs the UI's login sessions; without it a random key is drawn at each start, "
+        "which logs everyone out on restart and cannot be shared by replicas",
+    )
+
+
 @environ.config(prefix="EVERYSTEP")
 class Environment:
     """everystep's settings, from ``EVERYSTEP_*`` and a few standard variables."""
@@ -92,6 +151,8 @@ class Environment:
         "variables), console, or none",
     )
 
+    ui = environ.group(UI)
+
     @property
     def effective_database_url(self):
         return self.database_url or self.platform_database_url or DEFAULT_DATABASE_URL
@@ -133,9 +194,10 @@ def load_worker(environ_mapping):
 
 
 def secrets(env):
-    """The strings no output may show: the database URL's passwords and the
-    Sentry DSN's keys."""
+    """The strings no output may show: the database URL's passwords, the
+    Sentry DSN's keys and the UI's password and key."""
     found = url_secrets(env.effective_database_url)
+    found |= {value for value in (env.ui.password, env.ui.secret_key) if value}
     if env.sentry_dsn:
         try:
             dsn = urllib.parse.urlsplit(env.sentry_dsn)

@@ -63,6 +63,14 @@ class Workflow(models.Model):
         # The claim's index (scheduled runs in creation order) and the
         # catchup's (running runs by worker name) leave the finished runs
         # out, which each backend does its own way: migrations 0002 and 0003.
+        # The operator UI lists runs newest first by id (a UUIDv7, so in
+        # creation order) and seeks each filter's runs through one of these.
+        indexes = [
+            models.Index(fields=["status", "id"], name="everystep_run_status"),
+            models.Index(fields=["name", "id"], name="everystep_run_name"),
+            models.Index(fields=["claimed_by", "id"], name="everystep_run_worker"),
+            models.Index(fields=["idempotency_key"], name="everystep_run_key"),
+        ]
 
     def __str__(self):
         return f"{self.name} {self.id} ({self.status})"

@@ -3,6 +3,11 @@
 actions, and so the same refusals.
 
 - `recent_runs` and `run_with_steps`: what ``runs`` and ``show`` print.
+- `RunFilter`, `runs_page`, `status_counts` and `step_counts`: the operator
+  UI's list of runs, newest first, a page at a time (keyset pagination on
+  the id, a UUIDv7), each filter served by an index (migration 0007).
+- `run_fields` and `step_fields`: a run and a step as plain fields, for
+  JSON output and the UI.
 - `requeue`: put runs parked under a worker name back to ``scheduled``,
   refused while that worker is alive. It holds the worker's name lock
   across its UPDATE, so the worker cannot start and resume them meanwhile.
@@ -19,12 +24,12 @@ import dataclasses
 import datetime
 import uuid
 
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from everystep import store
 from everystep.errors import EverystepError
-from everystep.models import Worker, Workflow
+from everystep.models import Step, Worker, Workflow
 from everystep.namelock import name_lock
 
 MAX_LIMIT = 10_000
@@ -51,6 +56,163 @@ def recent_runs(status=None, limit=20):
     if status:
         runs = runs.filter(status=status)
     return list(runs[:limit])
+
+
+STATUSES = tuple(Workflow.Status.values)
+PAGE_SIZE = 50
+COUNT_CAP = 10_000  # counts stop here: a page never reads a million rows to count them
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFilter:
+    """Which runs to list: every field is optional and they all apply.
+
+    `search` matches a run id exactly or an idempotency key exactly;
+    `created_after` and `created_before` bound the creation time, read from
+    the run id (a UUIDv7 carries it), so the primary key serves them.
+    """
+
+    status: str | None = None
+    workflow: str | None = None
+    worker: str | None = None
+    created_after: datetime.datetime | None = None
+    created_before: datetime.datetime | None = None
+    search: str | None = None
+
+    def __post_init__(self):
+        if self.status is not None and self.status not in STATUSES:
+            raise EverystepError(f"status {self.status!r} is not one of: {', '.join(STATUSES)}")
+        for bound in (self.created_after, self.created_before):
+            if bound is not None and bound.tzinfo is None:
+                raise EverystepError("a time bound needs a time zone")
+
+    def queryset(self, *, with_status=True):
+        """The matching runs, unordered; without the status filter when
+        `with_status` is false (the counts per status)."""
+        runs = Workflow.objects.all()
+        if with_status and self.status:
+            runs = runs.filter(status=self.status)
+        if self.workflow:
+            runs = runs.filter(name=self.workflow)
+        if self.worker:
+            runs = runs.filter(claimed_by=self.worker)
+        if self.created_after:
+            runs = runs.filter(id__gte=_first_id_at(self.created_after))
+        if self.created_before:
+            runs = runs.filter(id__lt=_first_id_at(self.created_before))
+        if self.search:
+            runs = runs.filter(_search(self.search.strip()))
+        return runs
+
+
+def _first_id_at(moment):
+    """The smallest UUIDv7 created at `moment`: its first 48 bits are the
+    Unix time in milliseconds."""
+    milliseconds = int(moment.timestamp() * 1000)
+    return uuid.UUID(int=max(0, milliseconds) << 80)
+
+
+def _search(text):
+    try:
+        return Q(id=uuid.UUID(text)) | Q(idempotency_key=text)
+    except ValueError:
+        return Q(idempotency_key=text)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunsPage:
+    """A page of runs, newest first, and the cursor of the next one (None
+    on the last page)."""
+
+    runs: list
+    next_cursor: str | None
+
+
+def runs_page(run_filter=RunFilter(), cursor=None, size=PAGE_SIZE):
+    """The `size` newest runs matching `run_filter` created before the run
+    `cursor` names (the previous page's `next_cursor`); one query."""
+    runs = run_filter.queryset()
+    if cursor:
+        runs = runs.filter(id__lt=parse_run_id(cursor))
+    rows = list(runs.order_by("-id")[: size + 1])
+    more = len(rows) > size
+    rows = rows[:size]
+    return RunsPage(rows, str(rows[-1].id) if more else None)
+
+
+def status_counts(run_filter=RunFilter(), cap=COUNT_CAP):
+    """``{status: count}`` of the runs matching `run_filter` (its own status
+    filter aside), each count stopping at `cap` + 1: a count above `cap`
+    means "more than `cap`"."""
+    runs = run_filter.queryset(with_status=False)
+    return {status: runs.filter(status=status)[: cap + 1].count() for status in STATUSES}
+
+
+def step_counts(run_ids):
+    """``{run id: {"total": n, "done": n, "failed": n}}`` of the recorded
+    steps of each run; one query."""
+    counts = {run_id: {"total": 0, "done": 0, "failed": 0} for run_id in run_ids}
+    rows = (
+        Step.objects.filter(workflow_id__in=list(run_ids))
+        .values_list("workflow_id", "status")
+        .annotate(count=Count("id"))
+    )
+    for run_id, status, count in rows:
+        counts[run_id]["total"] += count
+        if status in ("done", "failed"):
+            counts[run_id][status] += count
+    return counts
+
+
+def blocked_runs(limit=PAGE_SIZE):
+    """The blocked runs, oldest first, each with its uncertain (started)
+    steps: ``[(run, [step, ...]), ...]``."""
+    runs = list(
+        Workflow.objects.filter(status=Workflow.Status.BLOCKED).order_by("created_at")[:limit]
+    )
+    started = {run.id: [] for run in runs}
+    for step in Step.objects.filter(workflow__in=runs, status=Step.Status.STARTED).order_by("id"):
+        started[step.workflow_id].append(step)
+    return [(run, started[run.id]) for run in runs]
+
+
+def runs_held(names):
+    """``{worker name: [run id, ...]}`` of the running runs claimed under
+    each name (what a live worker is running, or a lost one left parked)."""
+    held = {name: [] for name in names}
+    rows = Workflow.objects.filter(status=Workflow.Status.RUNNING, claimed_by__in=list(names))
+    for run_id, name in rows.order_by("id").values_list("id", "claimed_by"):
+        held[name].append(run_id)
+    return held
+
+
+def run_fields(run):
+    """The run's row as plain fields, without its arguments and outcome."""
+    return {
+        "id": run.id,
+        "name": run.name,
+        "status": run.status,
+        "claimed_by": run.claimed_by,
+        "idempotency_key": run.idempotency_key,
+        "created_at": run.created_at,
+        "claimed_at": run.claimed_at,
+        "completed_at": run.completed_at,
+    }
+
+
+def step_fields(step):
+    """A recorded step as plain fields, its values decoded."""
+    return {
+        "step_id": step.step_id,
+        "name": step.name,
+        "status": step.status,
+        "args": step.args,
+        "kwargs": step.kwargs,
+        "result": step.result,
+        "error": step.error,
+        "started_at": step.started_at,
+        "finished_at": step.finished_at,
+    }
 
 
 def run_with_steps(run_id):

@@ -210,3 +210,25 @@ _DECODERS = {
     "bytearray": lambda v: bytearray(base64.b64decode(v)),
     "enum": _decode_enum,
 }
+
+
+def readable(value):
+    """A ``json.dumps`` default for showing decoded values to a person
+    (``show --json``, the operator UI): ISO dates, UUID strings, seconds,
+    base64 bytes, an enum's value. Not an encoding: nothing reads it back."""
+    if isinstance(value, datetime.datetime | datetime.date):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, enum.Enum):
+        return value.value
+    raise TypeError(f"cannot show a {type(value).__name__}")
+
+
+def readable_json(value, **options):
+    """`value` as JSON text for a person to read (see `readable`)."""
+    return json.dumps(value, default=readable, **options)

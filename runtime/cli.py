@@ -39,6 +39,17 @@ def limit(text):
     return number
 
 
+def port(text):
+    """`ui --port`: a port number."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = None
+    if number is None or not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError("must be a port number, 1 to 65535")
+    return number
+
+
 def build_parser():
     parser = Parser(
         prog="everystep",
@@ -104,6 +115,18 @@ def build_parser():
     )
     workers.add_argument("--json", action="store_true", help="one JSON array")
 
+    ui = commands.add_parser(
+        "ui",
+        help="serve the operator UI (needs EVERYSTEP_UI_PASSWORD)",
+        description="Serve the operator UI with waitress until stopped. Its user is admin, "
+        "with the password EVERYSTEP_UI_PASSWORD; EVERYSTEP_UI_READ_ONLY=true removes every "
+        "action.",
+    )
+    ui.add_argument("--port", type=port, help="the port to listen on (EVERYSTEP_UI_PORT, 8000)")
+    ui.add_argument(
+        "--bind", help="the address to listen on (EVERYSTEP_UI_BIND, 127.0.0.1; 0.0.0.0 for all)"
+    )
+
     commands.add_parser(
         "check", help="show the configuration, connect, list workflows and migrations"
     )
@@ -130,9 +153,10 @@ def main(argv=None):
         if args.command is None:
             build_parser().print_help()
             raise UsageError("name a command")
-        if args.command == "worker":
+        if args.command in ("worker", "ui"):
             # Until the worker installs its own handlers (it drains), a stop
-            # finds nothing claimed: exit at once, and cleanly.
+            # finds nothing claimed: exit at once, and cleanly. The UI holds
+            # nothing: it stops this way whenever it is asked to.
             signal.signal(signal.SIGTERM, _stopped_while_starting)
         from everystep_runtime import commands, setup
 

@@ -1,11 +1,9 @@
 """The commands of ``everystep``, each ``command(env, args)`` returning an
 exit status or None. Django is configured before any of them runs."""
 
-import base64
-import datetime
-import enum
 import json
 import os
+import signal
 import sys
 import uuid
 
@@ -14,6 +12,8 @@ from everystep_runtime.errors import Failure, UsageError
 
 # Connection options whose value is a password (psycopg, PyMySQL).
 SECRET_OPTIONS = ("password", "sslpassword", "passwd")
+# Requests the UI serves at once; each live page holds one for its stream.
+UI_THREADS = 16
 
 
 def worker(env, args):
@@ -54,7 +54,7 @@ def runs(env, args):
 
     rows = operations.recent_runs(args.status, args.limit)
     if args.json:
-        _print_json([_run_fields(run) for run in rows])
+        _print_json([operations.run_fields(run) for run in rows])
         return
     for run in rows:
         print(
@@ -71,11 +71,11 @@ def show(env, args):
         run, steps = operations.run_with_steps(_run_id(args.run_id))
     except EverystepError as exc:
         raise Failure(str(exc)) from None
-    steps = [_step_fields(step) for step in steps]
+    steps = [operations.step_fields(step) for step in steps]
     if args.json:
         _print_json(
             {
-                **_run_fields(run),
+                **operations.run_fields(run),
                 "args": run.args,
                 "result": run.result,
                 "error": run.error,
@@ -114,6 +114,53 @@ def requeue(env, args):
 def workers(env, args):
     """The `everystep_workers` management command: the same table and JSON."""
     _call("everystep_workers", json=args.json)
+
+
+def ui(env, args):
+    """Serve the operator UI with waitress — a pure-Python WSGI server, one
+    process whose threads serve requests while its event loop buffers slow
+    clients — until SIGTERM or SIGINT."""
+    import logging
+
+    from django.core.wsgi import get_wsgi_application
+    from waitress.server import create_server
+
+    from everystep.ui.api import stop_streams
+
+    _migrate_or_refuse()
+    port = args.port or env.ui.port
+    bind = args.bind or env.ui.bind
+    application = get_wsgi_application()
+    try:
+        server = create_server(
+            application, host=bind, port=port, threads=UI_THREADS, ident="everystep"
+        )
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # waitress: an address it cannot resolve
+        raise UsageError(f"cannot listen on {bind}:{port}: {exc}") from None
+    host, bound_port = server.socket.getsockname()[:2]
+    mode = "read-only" if env.ui.read_only else "actions enabled"
+    logging.getLogger("everystep.ui").info(
+        "operator UI serving on http://%s:%d/ (%s)",
+        host,
+        bound_port,
+        mode,
+        extra={"action": "ui_ready", "bind": host, "port": bound_port},
+    )
+
+    def stop(signum, frame):
+        # Ended first: waitress waits for its threads, and a stream holds one.
+        stop_streams()
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        server.run()  # returns once a signal stopped it
+    finally:
+        server.close()
+    logging.getLogger("everystep.ui").info("operator UI stopped", extra={"action": "ui_stopped"})
 
 
 def check(env, args):
@@ -297,51 +344,13 @@ def _excerpt(text, length=60):
     return repr(text) if len(text) <= length else f"{text[:length]!r}... ({len(text)} characters)"
 
 
-def _run_fields(run):
-    return {
-        "id": run.id,
-        "name": run.name,
-        "status": run.status,
-        "claimed_by": run.claimed_by,
-        "idempotency_key": run.idempotency_key,
-        "created_at": run.created_at,
-        "claimed_at": run.claimed_at,
-        "completed_at": run.completed_at,
-    }
-
-
-def _step_fields(step):
-    return {
-        "step_id": step.step_id,
-        "name": step.name,
-        "status": step.status,
-        "args": step.args,
-        "kwargs": step.kwargs,
-        "result": step.result,
-        "error": step.error,
-        "started_at": step.started_at,
-        "finished_at": step.finished_at,
-    }
-
-
-def _plain(value):
-    """Values JSON lacks, as a reader wants them: ISO dates, UUID strings…"""
-    if isinstance(value, datetime.datetime | datetime.date):
-        return value.isoformat()
-    if isinstance(value, datetime.timedelta):
-        return value.total_seconds()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, bytes | bytearray):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, enum.Enum):
-        return value.value
-    raise TypeError(f"cannot show a {type(value).__name__}")
-
-
 def _plain_json(value):
-    return json.dumps(value, default=_plain)
+    from everystep.serde import readable_json
+
+    return readable_json(value)
 
 
 def _print_json(value):
-    print(json.dumps(value, default=_plain, indent=2))
+    from everystep.serde import readable_json
+
+    print(readable_json(value, indent=2))

@@ -8,9 +8,10 @@ import sys
 
 from everystep_runtime.errors import UsageError
 
-# Commands that run or schedule workflows need their modules imported.
+# Commands that run or schedule workflows need their modules imported; the
+# UI imports them when named, to draw their step graphs.
 NEEDS_WORKFLOWS = {"worker", "schedule"}
-IMPORTS_WORKFLOWS = NEEDS_WORKFLOWS | {"check"}
+IMPORTS_WORKFLOWS = NEEDS_WORKFLOWS | {"check", "ui"}
 
 
 def read_environment(environ):
@@ -35,10 +36,14 @@ def configure(env, command):
         raise UsageError(
             "EVERYSTEP_WORKFLOWS is not set: name the modules that define your workflows"
         )
+    if command == "ui" and env.django_settings_module is None and not env.ui.password:
+        raise UsageError(
+            "EVERYSTEP_UI_PASSWORD is not set: the operator UI needs a password for its user, admin"
+        )
     workflows = env.workflows if command in IMPORTS_WORKFLOWS else []
     sys.path[:0] = [os.path.abspath(entry) for entry in (env.path or [os.curdir])]
     if env.django_settings_module is None:
-        settings.configure(**django_settings(env, workflows=workflows))
+        settings.configure(**django_settings(env, workflows=workflows, ui=command == "ui"))
         logging.config.dictConfig(logging_config(env))
     _init_sentry(env)
     _init_tracing(env)

@@ -55,6 +55,24 @@ def crash_at(step_id, workflow=None):
     return fault
 
 
+def blocked_payment(calls):
+    """A run of `pay` whose unsafe charge ran but was never recorded: blocked."""
+    from everystep import runner, schedule
+    from everystep.models import Workflow
+    from tests import workflows
+
+    runner.fault = crash_at("1")
+    run = schedule(workflows.pay, 30)
+    attempt()
+    assert recorded_steps(run) == {"1": ("charge", "started", None)}
+
+    runner.fault = None
+    assert attempt(parked=True) == Workflow.Status.BLOCKED
+    run.refresh_from_db()
+    assert calls["charge"] == 1  # never charged twice
+    return run
+
+
 def wait_until(condition, timeout=30.0, interval=0.02, message="condition"):
     """Poll `condition` until it returns a truthy value, which is returned;
     fail the test if `timeout` seconds pass first."""

@@ -34,7 +34,39 @@ if BACKEND == "sqlite" and "EVERYSTEP_DATABASE_URL" not in os.environ:
     # subprocesses must all see it.
     DATABASES["default"]["TEST"] = {"NAME": DATABASES["default"]["NAME"]}
 
-INSTALLED_APPS = ["everystep"]
+# The operator UI as a Django project mounts it: the project's users,
+# sessions and admin (tests/urls.py).
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "everystep",
+]
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+ROOT_URLCONF = "tests.urls"
+LOGIN_URL = "/admin/login/"
 EVERYSTEP_WORKFLOWS = ["tests.workflows"]
 USE_TZ = True
 TIME_ZONE = "UTC"

@@ -11,7 +11,7 @@ from everystep.errors import EffectUncertain, EverystepError
 from everystep.models import Step, Workflow
 from everystep.recovery import resolve_step
 from tests import workflows
-from tests.helpers import WORKER, attempt, crash_at, recorded_steps
+from tests.helpers import WORKER, attempt, blocked_payment, crash_at
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,20 +28,6 @@ def test_a_crash_between_effect_and_record_leaves_the_run_running_and_the_step_u
     runner.fault = None
     assert attempt(parked=True) == Workflow.Status.COMPLETED
     assert calls["add"] == 3  # the unrecorded step ran again on resume
-
-
-def blocked_payment(calls):
-    """A run of `pay` whose unsafe charge ran but was never recorded: blocked."""
-    runner.fault = crash_at("1")
-    run = schedule(workflows.pay, 30)
-    attempt()
-    assert recorded_steps(run) == {"1": ("charge", "started", None)}
-
-    runner.fault = None
-    assert attempt(parked=True) == Workflow.Status.BLOCKED
-    run.refresh_from_db()
-    assert calls["charge"] == 1  # never charged twice
-    return run
 
 
 def test_an_unsafe_step_that_lost_its_outcome_blocks_the_run_with_effect_uncertain(calls):

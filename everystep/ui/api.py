@@ -1,0 +1,125 @@
+"""The UI's JSON API and its live stream.
+
+``api/runs`` (the runs page's filters as query parameters, ``cursor`` for
+the next page), ``api/run/<id>``, ``api/workers`` and ``api/stream``: a
+Server-Sent Events stream that sends a view's data (``view=runs`` with the
+same filters, ``view=run&id=…``, ``view=workers``, ``view=blocked``) when it
+changes, checked every `TICK` seconds. Each event's id is a digest of its
+data, so a client reconnecting with ``Last-Event-ID`` is sent nothing it
+has. A stream ends after `STREAM_SECONDS` (a WSGI worker is not held for
+ever, and a proxy's idle timeout never cuts it); the browser reconnects
+by itself.
+"""
+
+import hashlib
+import threading
+import time
+
+from django.db import DatabaseError, close_old_connections, transaction
+from django.http import StreamingHttpResponse
+from django.views.decorators.cache import never_cache
+
+from everystep.errors import EverystepError
+from everystep.serde import readable_json
+from everystep.ui import access, responses, snapshots
+
+TICK = 1.0
+PING_SECONDS = 5.0
+STREAM_SECONDS = 25.0
+
+_stopping = threading.Event()
+
+
+def stop_streams():
+    """End every open stream at its next tick: the server is stopping (its
+    clients reconnect to whichever instance serves next)."""
+    _stopping.set()
+
+
+def _answer(build):
+    try:
+        return responses.json(snapshots.public(build()))
+    except snapshots.NotFound as exc:
+        return responses.json({"error": str(exc)}, status=404)
+    except EverystepError as exc:
+        return responses.json({"error": str(exc)}, status=400)
+
+
+@never_cache
+@access.viewer(api=True)
+@transaction.non_atomic_requests
+def runs(request):
+    return _answer(lambda: snapshots.runs(request.GET))
+
+
+@never_cache
+@access.viewer(api=True)
+@transaction.non_atomic_requests
+def run(request, run_id):
+    return _answer(lambda: snapshots.run(run_id))
+
+
+@never_cache
+@access.viewer(api=True)
+@transaction.non_atomic_requests
+def workers(request):
+    return _answer(snapshots.workers)
+
+
+VIEWS = {
+    "runs": lambda query: snapshots.runs(query),
+    "run": lambda query: snapshots.run(query.get("id", "")),
+    "workers": lambda query: snapshots.workers(),
+    "blocked": lambda query: snapshots.blocked(),
+}
+
+
+@never_cache
+@access.viewer(api=True)
+@transaction.non_atomic_requests
+def stream(request):
+    """Server-Sent Events: ``change`` with the view's data when it changes,
+    ``ping`` every few seconds otherwise (so a client can tell a stream cut
+    off by a buffering proxy from a quiet one), ``gone`` if the run goes."""
+    view = request.GET.get("view", "runs")
+    if view not in VIEWS:
+        return responses.json({"error": f"view must be one of: {', '.join(VIEWS)}"}, status=400)
+    build = lambda: snapshots.public(VIEWS[view](request.GET))  # noqa: E731
+    try:
+        first = build()
+    except snapshots.NotFound as exc:
+        return responses.json({"error": str(exc)}, status=404)
+    except EverystepError as exc:
+        return responses.json({"error": str(exc)}, status=400)
+    events = _events(build, first, request.headers.get("Last-Event-ID"))
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
+    return response
+
+
+def _events(build, data, last_id):
+    yield "retry: 1000\n\n"
+    ends = time.monotonic() + STREAM_SECONDS
+    last_sent = time.monotonic()
+    while True:
+        if data is not None:
+            text = readable_json(data)
+            digest = hashlib.sha256(text.encode()).hexdigest()[:20]
+            if digest != last_id:
+                yield f"id: {digest}\nevent: change\ndata: {text}\n\n"
+                last_id, last_sent = digest, time.monotonic()
+        if time.monotonic() - last_sent >= PING_SECONDS:
+            yield "event: ping\ndata: {}\n\n"
+            last_sent = time.monotonic()
+        if time.monotonic() >= ends or _stopping.wait(TICK):
+            return
+        try:
+            data = build()
+        except snapshots.NotFound:
+            yield "event: gone\ndata: {}\n\n"
+            return
+        except DatabaseError:
+            # The database is away: keep the stream, try again next tick.
+            close_old_connections()
+            data = None

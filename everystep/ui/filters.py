@@ -1,0 +1,68 @@
+"""The runs list's query parameters, read into an `operations.RunFilter`.
+
+``status``, ``workflow``, ``worker``, ``after`` and ``before`` (ISO 8601
+times; without a zone, UTC), ``q`` (a run id or an idempotency key) and
+``cursor`` (the id the next page starts after). A bad value raises
+`EverystepError` naming the parameter: the page says so, it never fails.
+"""
+
+import datetime
+
+from everystep import operations
+from everystep.errors import EverystepError
+
+PARAMETERS = ("status", "workflow", "worker", "after", "before", "q")
+MAX_LENGTH = 300
+
+
+def run_filter(query):
+    """The `RunFilter` the query parameters describe."""
+    given = {name: _text(query, name) for name in PARAMETERS}
+    return operations.RunFilter(
+        status=given["status"],
+        workflow=given["workflow"],
+        worker=given["worker"],
+        created_after=_moment("after", given["after"]),
+        created_before=_moment("before", given["before"]),
+        search=given["q"],
+    )
+
+
+def cursor(query):
+    """The ``cursor`` parameter checked as a run id, or None."""
+    text = _text(query, "cursor")
+    if text is None:
+        return None
+    try:
+        operations.parse_run_id(text)
+    except EverystepError:
+        raise EverystepError(
+            f"cursor {text!r} is not a run id: start again from page one"
+        ) from None
+    return text
+
+
+def active(query):
+    """The filter parameters given, for links that keep them."""
+    return {name: query[name] for name in PARAMETERS if _text(query, name)}
+
+
+def _text(query, name):
+    value = query.get(name, "").strip()
+    if len(value) > MAX_LENGTH:
+        raise EverystepError(f"{name} is longer than {MAX_LENGTH} characters")
+    if "\x00" in value:
+        raise EverystepError(f"{name} holds a NUL character")
+    return value or None
+
+
+def _moment(name, text):
+    if text is None:
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise EverystepError(
+            f"{name} {text!r} is not a time: use ISO 8601, such as 2026-12-03T14:30"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)

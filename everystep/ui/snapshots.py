@@ -1,0 +1,88 @@
+"""What each view shows, as data: the pages render it, the JSON API returns
+it, and the live stream sends it again whenever it changes.
+
+Every function reads through `everystep.operations`, the same queries the
+command line uses.
+"""
+
+import dataclasses
+
+from django.utils import timezone
+
+from everystep import operations
+from everystep.errors import EverystepError
+from everystep.models import Workflow
+from everystep.ui import drawing, filters
+
+
+class NotFound(EverystepError):
+    """The run, or the page, asked for does not exist."""
+
+
+def runs(query):
+    """The runs page of `query`'s filters and cursor: the runs with their
+    step counts, the next page's cursor and the counts per status."""
+    run_filter = filters.run_filter(query)
+    page = operations.runs_page(run_filter, filters.cursor(query))
+    counts = operations.step_counts([run.id for run in page.runs])
+    return {
+        "runs": [{**operations.run_fields(run), "steps": counts[run.id]} for run in page.runs],
+        "next_cursor": page.next_cursor,
+        "counts": operations.status_counts(run_filter),
+        "count_cap": operations.COUNT_CAP,
+    }
+
+
+def run(run_id, now=None):
+    """One run: its fields, decoded values, steps with their durations, and
+    its graph with live statuses. `NotFound` for an unknown id."""
+    try:
+        found, steps = operations.run_with_steps(run_id)
+    except EverystepError as exc:
+        raise NotFound(str(exc)) from None
+    graph = drawing.step_graph(found, steps)
+    return {
+        **operations.run_fields(found),
+        "args": found.args,
+        "result": found.result,
+        "error": found.error,
+        "steps": [{**operations.step_fields(step), "seconds": _seconds(step)} for step in steps],
+        "graph": graph.as_dict(),
+        "_model": (found, steps, graph),
+    }
+
+
+def workers(now=None):
+    """Every worker, live ones first, each with the running runs it holds."""
+    rows = operations.workers(now or timezone.now())
+    held = operations.runs_held([row.name for row in rows])
+    return {
+        "workers": [
+            {**dataclasses.asdict(row), "live": row.live, "runs": held[row.name]} for row in rows
+        ]
+    }
+
+
+def blocked():
+    """The blocked runs, oldest first, each with its uncertain steps."""
+    return {
+        "runs": [
+            {
+                **operations.run_fields(run),
+                "uncertain_steps": [operations.step_fields(step) for step in started],
+            }
+            for run, started in operations.blocked_runs()
+        ],
+        "count": Workflow.objects.filter(status=Workflow.Status.BLOCKED).count(),
+    }
+
+
+def public(data):
+    """`data` without the keys kept for the templates (those starting with _)."""
+    return {key: value for key, value in data.items() if not key.startswith("_")}
+
+
+def _seconds(step):
+    if step.finished_at is None:
+        return None
+    return max(0.0, (step.finished_at - step.started_at).total_seconds())

@@ -1,0 +1,227 @@
+"""The operator UI's pages and actions.
+
+Pages: the runs (filters, search, counts per status, keyset pages), one
+run (its values, steps, graph and timeline), the blocked runs and the
+workers. Each renders `everystep.ui.snapshots` data; asked by htmx, only
+its live part, which the page fetches again when the stream says it
+changed. Actions — resolve a blocked step, requeue a lost worker's runs —
+call the library functions the command line calls, with the same
+refusals, and answer a refusal with its reason.
+"""
+
+import json
+import logging
+import urllib.parse
+
+from django.db import transaction
+from django.http import HttpResponseRedirect
+from django.urls import reverse
+from django.views.decorators.cache import never_cache
+
+from everystep import operations
+from everystep.errors import EverystepError
+from everystep.models import Workflow
+from everystep.recovery import resolve_step
+from everystep.ui import access, drawing, filters, responses, snapshots
+
+logger = logging.getLogger("everystep.ui")
+
+NOTICES = {
+    "resolved": "Resolved: the run is scheduled again.",
+    "requeued": "Requeued: any worker may now resume those runs.",
+}
+
+
+def _common(request, **context):
+    return {
+        "may_act": access.may_act(request),
+        "read_only": access.read_only(),
+        "standalone": access.password() is not None,
+        "notice": NOTICES.get(request.GET.get("notice", "")),
+        **context,
+    }
+
+
+@never_cache
+@access.viewer
+@transaction.non_atomic_requests
+def runs(request):
+    """The runs, newest first, a page at a time."""
+    context = {
+        "statuses": operations.STATUSES,
+        "query": request.GET,
+        "active": {},
+        "stream_query": _stream_query("runs", request.GET),
+    }
+    try:
+        context["active"] = filters.active(request.GET)
+        data = snapshots.runs(request.GET)
+    except EverystepError as exc:
+        return responses.page(request, "runs", _common(request, **context, error=str(exc)), 400)
+    if data["next_cursor"]:
+        context["next_page"] = "?" + urllib.parse.urlencode(
+            {**context["active"], "cursor": data["next_cursor"]}
+        )
+    counts = [
+        (status, _count_text(data["counts"][status]), _status_link(context["active"], status))
+        for status in operations.STATUSES
+    ]
+    return responses.page(request, "runs", _common(request, **context, data=data, counts=counts))
+
+
+@never_cache
+@access.viewer
+@transaction.non_atomic_requests
+def run(request, run_id):
+    """One run: values, steps, graph, timeline; a blocked run's resolutions."""
+    try:
+        data = snapshots.run(run_id)
+    except snapshots.NotFound as exc:
+        return responses.problem(request, 404, str(exc))
+    return responses.page(request, "run", _common(request, **_run_context(data)))
+
+
+def _run_context(data, **extra):
+    found, steps, graph = data["_model"]
+    lanes, total = drawing.timeline(found, steps)
+    return {
+        "run": found,
+        "data": data,
+        "steps": list(zip(steps, data["steps"], strict=True)),
+        "graph": graph,
+        "lanes": lanes,
+        "timeline_seconds": total,
+        "timeline_height": max(1, len(lanes)) * drawing.LANE_HEIGHT,
+        "timeline_width": drawing.LABEL_WIDTH + drawing.AXIS_WIDTH + 10,
+        "label_width": drawing.LABEL_WIDTH,
+        "uncertain": [s for s in steps if s.status == "started"]
+        if found.status == Workflow.Status.BLOCKED
+        else [],
+        "stream_query": _stream_query("run", {"id": str(found.id)}),
+        **extra,
+    }
+
+
+@never_cache
+@access.viewer
+@transaction.non_atomic_requests
+def blocked(request):
+    """The blocked runs, each with its uncertain step and the resolutions."""
+    data = snapshots.blocked()
+    return responses.page(
+        request,
+        "blocked",
+        _common(request, data=data, stream_query=_stream_query("blocked", {})),
+    )
+
+
+@never_cache
+@access.viewer
+@transaction.non_atomic_requests
+def workers(request):
+    """Every worker: state, host, pid, pool, heartbeat, the runs it holds."""
+    data = snapshots.workers()
+    return responses.page(
+        request,
+        "workers",
+        _common(request, data=data, stream_query=_stream_query("workers", {})),
+    )
+
+
+@access.actor
+@transaction.non_atomic_requests
+def resolve(request, run_id):
+    """Resolve a blocked run's uncertain step: with a result (JSON), an
+    error message, or discarded so it runs again."""
+    step_id = request.POST.get("step_id", "")
+    how = request.POST.get("how", "")
+    try:
+        resolution = _resolution(how, request.POST)
+    except BadForm as exc:
+        return _refused(request, run_id, str(exc), 400)
+    try:
+        resolve_step(run_id, step_id, **resolution)
+    except EverystepError as exc:
+        return _refused(request, run_id, str(exc), 409)
+    access.acted(
+        request,
+        "resolve",
+        f"run {run_id}: step {step_id} resolved ({how})",
+        run_id=str(run_id),
+        step_id=step_id,
+        resolution=how,
+    )
+    return _back(reverse("everystep:run", args=[run_id]), "resolved")
+
+
+class BadForm(EverystepError):
+    """The action's form is filled in wrongly; says what to fix."""
+
+
+def _resolution(how, form):
+    if how == "result":
+        text = form.get("result", "")
+        try:
+            return {"result": json.loads(text)}
+        except (json.JSONDecodeError, RecursionError) as exc:
+            reason = getattr(exc, "msg", "nested too deeply")
+            raise BadForm(f"the result is not valid JSON ({reason}): {text[:60]!r}") from None
+    if how == "error":
+        message = form.get("error", "").strip()
+        if not message:
+            raise BadForm("give the error message to record")
+        return {"error": message}
+    if how == "discard":
+        return {"discard": True}
+    raise BadForm(f"{how!r} is not a resolution: choose result, error or discard")
+
+
+def _refused(request, run_id, reason, status):
+    """The run's page again, with the reason the action was refused, or a
+    problem page when the run itself cannot be shown."""
+    try:
+        data = snapshots.run(run_id)
+    except snapshots.NotFound as exc:
+        return responses.problem(request, 404, str(exc))
+    context = _common(request, **_run_context(data, error=f"Refused: {reason}"))
+    return responses.page(request, "run", context, status=status)
+
+
+@access.actor
+@transaction.non_atomic_requests
+def requeue(request):
+    """Requeue the runs parked under a lost worker's name; refused while
+    that worker is alive."""
+    name = request.POST.get("worker", "").strip()
+    if not name:
+        return responses.problem(request, 400, "name the worker whose runs to requeue")
+    try:
+        requeued = operations.requeue(claimed_by=name)
+    except EverystepError as exc:
+        return responses.problem(request, 409, f"Refused: {exc}")
+    access.acted(
+        request,
+        "requeue",
+        f"{len(requeued)} run(s) of worker {name} requeued",
+        worker=name,
+        count=len(requeued),
+    )
+    return _back(reverse("everystep:workers"), "requeued")
+
+
+def _back(url, notice):
+    response = HttpResponseRedirect(f"{url}?notice={notice}")
+    response.status_code = 303
+    return response
+
+
+def _stream_query(view, params):
+    return urllib.parse.urlencode({"view": view, **params})
+
+
+def _status_link(active, status):
+    return "?" + urllib.parse.urlencode({**active, "status": status})
+
+
+def _count_text(count):
+    return f"{operations.COUNT_CAP:,}+" if count > operations.COUNT_CAP else f"{count:,}"

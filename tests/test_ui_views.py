@@ -1,0 +1,403 @@
+"""The operator UI mounted in a Django project: who may see and do what,
+the pages and the JSON API, actions with their refusals, and bad input
+answered with a reason, never a 500."""
+
+import datetime
+import html
+import json
+import logging
+import re
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client, override_settings
+from django.utils import timezone
+
+from everystep import schedule
+from everystep.models import Step, Workflow
+from tests import workflows
+from tests.helpers import attempt, blocked_payment, park, run_to_end
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def user_with(*permissions, name="operator"):
+    user = User.objects.create_user(name, password="secret")
+    for codename in permissions:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    return user
+
+
+@pytest.fixture
+def viewer():
+    client = Client()
+    client.force_login(user_with("view_workflow", name="viewer"))
+    return client
+
+
+@pytest.fixture
+def operator():
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user_with("view_workflow", "change_workflow"))
+    return client
+
+
+def text(response):
+    """The response's body as a person reads it (HTML entities decoded)."""
+    return html.unescape(response.content.decode())
+
+
+def submit(client, page_url, action_url, data):
+    """POST `data` to `action_url` as the form on `page_url` would: with the
+    CSRF token of that page's form (which must be there)."""
+    page = text(client.get(page_url))
+    assert f'action="{action_url}"' in page, f"no form posts to {action_url} on {page_url}"
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    return client.post(action_url, {**data, "csrfmiddlewaretoken": token})
+
+
+def lost_worker(name):
+    """A worker row whose heartbeat is too old: the UI shows it lost."""
+    from everystep import store
+    from everystep.models import Worker
+
+    store.worker_started(name, 4, ["tests.workflows.quick"])
+    Worker.objects.filter(name=name).update(
+        heartbeat_at=timezone.now() - datetime.timedelta(seconds=Worker.LOST_AFTER + 5)
+    )
+
+
+def test_every_page_needs_a_logged_in_user():
+    client = Client()
+    for url in ["/everystep/", "/everystep/blocked", "/everystep/workers"]:
+        response = client.get(url)
+        assert response.status_code == 302
+        assert response["Location"].startswith("/admin/login/?next=")
+    for url in ["/everystep/api/runs", "/everystep/api/workers", "/everystep/api/stream"]:
+        response = client.get(url)
+        assert response.status_code == 401
+        assert "error" in response.json()
+
+
+def test_reading_needs_the_view_permission():
+    client = Client()
+    client.force_login(user_with(name="nobody"))
+    response = client.get("/everystep/")
+    assert response.status_code == 403
+    assert b"everystep.view_workflow" in response.content
+    assert client.get("/everystep/api/runs").status_code == 403
+
+
+def test_the_runs_page_lists_runs_newest_first_with_counts_per_status(viewer):
+    done = run_to_end(workflows.add_twice, 1, 2)
+    waiting = schedule(workflows.echo_values, "x")
+    response = viewer.get("/everystep/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert page.index(str(waiting.id)) < page.index(str(done.id))
+    data = viewer.get("/everystep/api/runs").json()
+    assert [run["id"] for run in data["runs"]] == [str(waiting.id), str(done.id)]
+    assert data["counts"] == {
+        "scheduled": 1,
+        "running": 0,
+        "completed": 1,
+        "failed": 0,
+        "stopped": 0,
+        "blocked": 0,
+    }
+    first = data["runs"][1]
+    assert first["steps"] == {"total": 2, "done": 2, "failed": 0}
+    assert set(first) >= {"id", "name", "status", "claimed_by", "created_at", "completed_at"}
+
+
+def test_filters_and_search_narrow_the_list(viewer):
+    done = run_to_end(workflows.add_twice, 1, 2)
+    keyed = schedule(workflows.echo_values, "k", idempotency_key="order-7")
+    parked = park(workflows.quick, 1, worker="w-lost")
+
+    def listed(**query):
+        response = viewer.get("/everystep/api/runs", query)
+        assert response.status_code == 200, response.content
+        return {run["id"] for run in response.json()["runs"]}
+
+    assert listed(status="completed") == {str(done.id)}
+    assert listed(workflow=workflows.quick.__everystep_workflow__) == {str(parked.id)}
+    assert listed(worker="w-lost") == {str(parked.id)}
+    assert listed(q="order-7") == {str(keyed.id)}
+    assert listed(q=str(done.id)) == {str(done.id)}
+    assert listed(after="2000-01-01T00:00", before="2999-01-01") == {
+        str(done.id),
+        str(keyed.id),
+        str(parked.id),
+    }
+    assert listed(before="2000-01-01T00:00:00+00:00") == set()
+
+
+def test_keyset_pages_cover_every_run_once_newest_first(viewer):
+    ids = [Workflow.objects.create(name="w").id for _ in range(120)]
+    seen, query = [], {}
+    while True:
+        data = viewer.get("/everystep/api/runs", query).json()
+        seen += [run["id"] for run in data["runs"]]
+        if not data["next_cursor"]:
+            break
+        query = {"cursor": data["next_cursor"]}
+    assert seen == [str(run_id) for run_id in reversed(ids)]
+    assert len(viewer.get("/everystep/").context["data"]["runs"]) == 50
+
+
+@pytest.mark.parametrize(
+    "query, message",
+    [
+        ({"status": "sleeping"}, "status 'sleeping' is not one of"),
+        ({"after": "yesterday"}, "after 'yesterday' is not a time"),
+        ({"cursor": "page-2"}, "cursor 'page-2' is not a run id"),
+        ({"workflow": "a\x00b"}, "workflow holds a NUL character"),
+        ({"q": "x" * 301}, "q is longer than 300 characters"),
+    ],
+)
+def test_a_malformed_filter_is_refused_with_its_reason_never_a_500(viewer, query, message):
+    page = viewer.get("/everystep/", query)
+    assert page.status_code == 400
+    assert message in text(page)
+    api = viewer.get("/everystep/api/runs", query)
+    assert api.status_code == 400
+    assert message in api.json()["error"]
+
+
+@pytest.mark.parametrize("run_id", ["not-a-uuid", "00000000-0000-0000-0000-000000000000", "%00"])
+def test_a_bad_run_id_in_the_url_is_a_404_with_a_reason(viewer, run_id):
+    page = viewer.get(f"/everystep/run/{run_id}")
+    assert page.status_code == 404
+    assert b"problem-message" in page.content
+    assert viewer.get(f"/everystep/api/run/{run_id}").status_code == 404
+
+
+def test_a_run_shows_its_decoded_values_steps_and_graph(viewer):
+    run = run_to_end(workflows.nested_forks, 5)
+    data = viewer.get(f"/everystep/api/run/{run.id}").json()
+    assert data["status"] == "completed"
+    assert data["args"] == [5]
+    assert data["result"] == 6
+    assert {step["step_id"] for step in data["steps"]} == {
+        "1", "2.0.1.0.1", "2.0.1.1.1", "2.0.1.1.2", "2.1.1", "2.1.named", "3",
+    }  # fmt: skip
+    assert all(step["seconds"] is not None for step in data["steps"])
+    nodes = {node["id"]: node["status"] for node in data["graph"]["nodes"]}
+    assert nodes["2"] == nodes["2.0.1"] == "done"
+    assert set(nodes.values()) == {"done"}
+    assert data["graph"]["fallback"] is None
+    page = viewer.get(f"/everystep/run/{run.id}").content.decode()
+    assert 'data-step="2.1.named"' in page and "fork 2.0.1, branch 1" in page
+
+
+def test_a_body_without_a_fixed_shape_is_drawn_as_recorded_with_the_reason(viewer):
+    run = run_to_end(workflows.calls_a_helper, 2)
+    graph = viewer.get(f"/everystep/api/run/{run.id}").json()["graph"]
+    assert "doubled_by_a_helper()" in graph["fallback"]
+    assert [(node["id"], node["status"]) for node in graph["nodes"]] == [("1", "done")]
+
+
+def test_a_pending_step_after_the_done_ones_of_a_running_run_shows_in_flight(viewer):
+    run = park(workflows.add_twice, 1, 2, worker="w-1")
+    Step.objects.create(workflow=run, step_id="1", name="tests.workflows.add", status="done")
+    nodes = viewer.get(f"/everystep/api/run/{run.id}").json()["graph"]["nodes"]
+    assert [(node["id"], node["status"]) for node in nodes] == [("1", "done"), ("2", "in flight")]
+
+
+def test_resolving_a_blocked_run_by_its_form_schedules_it_and_logs_who(operator, calls, caplog):
+    run = blocked_payment(calls)
+    page = operator.get(f"/everystep/run/{run.id}").content.decode()
+    assert "Record the result" in page and "Discard and run again" in page
+    with caplog.at_level(logging.INFO, logger="everystep.ui"):
+        response = submit(
+            operator,
+            f"/everystep/run/{run.id}",
+            f"/everystep/run/{run.id}/resolve",
+            {"step_id": "1", "how": "result", "result": '{"charged": 30}'},
+        )
+    assert response.status_code == 303
+    run.refresh_from_db()
+    assert run.status == Workflow.Status.SCHEDULED
+    assert run.steps.get(step_id="1").result == {"charged": 30}
+    [record] = [r for r in caplog.records if getattr(r, "action", "") == "ui_resolve"]
+    assert record.user == "operator" and record.run_id == str(run.id)
+    assert attempt() == Workflow.Status.COMPLETED
+    assert calls["charge"] == 1
+
+
+def test_an_action_without_the_csrf_token_is_refused(operator, calls):
+    run = blocked_payment(calls)
+    response = operator.post(f"/everystep/run/{run.id}/resolve", {"step_id": "1", "how": "discard"})
+    assert response.status_code == 403
+    run.refresh_from_db()
+    assert run.status == Workflow.Status.BLOCKED
+
+
+def test_acting_needs_the_change_permission(calls):
+    run = blocked_payment(calls)
+    client = Client()
+    client.force_login(user_with("view_workflow", name="reader"))
+    assert "Record the result" not in client.get(f"/everystep/run/{run.id}").content.decode()
+    response = client.post(f"/everystep/run/{run.id}/resolve", {"step_id": "1", "how": "discard"})
+    assert response.status_code == 403
+    assert b"everystep.change_workflow" in response.content
+    run.refresh_from_db()
+    assert run.status == Workflow.Status.BLOCKED
+
+
+def test_invalid_json_in_the_resolve_form_is_refused_and_the_run_stays_blocked(operator, calls):
+    run = blocked_payment(calls)
+    response = submit(
+        operator,
+        f"/everystep/run/{run.id}",
+        f"/everystep/run/{run.id}/resolve",
+        {"step_id": "1", "how": "result", "result": "{charged: yes"},
+    )
+    assert response.status_code == 400
+    assert "the result is not valid JSON" in text(response)
+    run.refresh_from_db()
+    assert run.status == Workflow.Status.BLOCKED
+
+
+def test_an_action_on_a_run_in_the_wrong_state_is_refused_with_the_reason(operator, calls):
+    """Two operators open the same blocked run; the second one's form is stale."""
+    run = blocked_payment(calls)
+    page, action = f"/everystep/run/{run.id}", f"/everystep/run/{run.id}/resolve"
+    assert submit(operator, page, action, {"step_id": "1", "how": "discard"}).status_code == 303
+    token = operator.cookies["csrftoken"].value
+    again = operator.post(action, {"step_id": "1", "how": "discard", "csrfmiddlewaretoken": token})
+    assert again.status_code == 409
+    assert f"run {run.id} is scheduled, not blocked" in text(again)
+    run.refresh_from_db()
+    assert run.status == Workflow.Status.SCHEDULED
+
+
+def test_requeueing_a_lost_workers_runs_puts_them_back_to_scheduled(operator, caplog):
+    lost_worker("w-gone")
+    parked = park(workflows.quick, 1, worker="w-gone")
+    with caplog.at_level(logging.INFO, logger="everystep.ui"):
+        response = submit(
+            operator, "/everystep/workers", "/everystep/workers/requeue", {"worker": "w-gone"}
+        )
+    assert response.status_code == 303
+    parked.refresh_from_db()
+    assert (parked.status, parked.claimed_by) == (Workflow.Status.SCHEDULED, None)
+    [record] = [r for r in caplog.records if getattr(r, "action", "") == "ui_requeue"]
+    assert (record.user, record.worker, record.count) == ("operator", "w-gone", 1)
+
+
+def test_requeueing_is_refused_while_the_worker_holds_its_name(operator):
+    """Lost by its heartbeat, but alive: it still holds its name lock."""
+    from everystep.namelock import name_lock
+
+    lost_worker("w-alive")
+    parked = park(workflows.quick, 1, worker="w-alive")
+    lock = name_lock("w-alive")
+    assert lock.try_acquire()
+    try:
+        response = submit(
+            operator, "/everystep/workers", "/everystep/workers/requeue", {"worker": "w-alive"}
+        )
+    finally:
+        lock.release()
+    assert response.status_code == 409
+    assert "worker 'w-alive' is alive" in text(response)
+    parked.refresh_from_db()
+    assert parked.status == Workflow.Status.RUNNING
+
+
+def test_the_workers_page_and_api_show_the_runs_each_holds(viewer):
+    from everystep import store
+
+    store.worker_started("w-9", 4, ["tests.workflows.quick"])
+    parked = park(workflows.quick, 1, worker="w-9")
+    [worker] = viewer.get("/everystep/api/workers").json()["workers"]
+    assert (worker["name"], worker["state"], worker["runs"]) == (
+        "w-9",
+        "starting",
+        [str(parked.id)],
+    )
+    assert set(worker) >= {"hostname", "pid", "version", "pool_size", "in_flight", "heartbeat_age"}
+    assert 'data-worker="w-9"' in viewer.get("/everystep/workers").content.decode()
+
+
+def test_the_blocked_page_lists_blocked_runs_with_their_uncertain_step(viewer, calls):
+    run = blocked_payment(calls)
+    page = viewer.get("/everystep/blocked").content.decode()
+    assert f'data-run="{run.id}"' in page and "tests.workflows.charge" in page
+
+
+def test_the_stream_sends_the_views_data_as_a_server_sent_event(viewer):
+    run = schedule(workflows.echo_values, "s")
+    response = viewer.get("/everystep/api/stream", {"view": "run", "id": str(run.id)})
+    assert response["Content-Type"] == "text/event-stream"
+    chunks = iter(response.streaming_content)
+    assert next(chunks) == b"retry: 1000\n\n"
+    event = next(chunks).decode()
+    response.close()
+    fields = dict(line.split(": ", 1) for line in event.strip().splitlines())
+    assert fields["event"] == "change"
+    assert json.loads(fields["data"])["id"] == str(run.id)
+    assert viewer.get("/everystep/api/stream", {"view": "nope"}).status_code == 400
+
+
+def test_a_client_that_has_the_latest_data_is_sent_nothing_again(viewer):
+    run = schedule(workflows.echo_values, "s")
+    query = {"view": "run", "id": str(run.id)}
+    first = viewer.get("/everystep/api/stream", query)
+    chunks = iter(first.streaming_content)
+    next(chunks)
+    event_id = next(chunks).decode().splitlines()[0].removeprefix("id: ")
+    first.close()
+    again = viewer.get("/everystep/api/stream", query, HTTP_LAST_EVENT_ID=event_id)
+    chunks = iter(again.streaming_content)
+    next(chunks)
+    assert next(chunks).startswith(b"event: ping")  # nothing new: the next thing is a ping
+    again.close()
+
+
+def test_the_admin_shows_runs_and_steps_read_only():
+    run = run_to_end(workflows.add_twice, 1, 2)
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="x"))
+    assert client.get("/admin/everystep/workflow/").status_code == 200
+    assert client.get("/admin/everystep/workflow/?status__exact=completed").status_code == 200
+    assert client.get(f"/admin/everystep/workflow/{run.id}/change/").status_code == 200
+    assert client.get("/admin/everystep/workflow/add/").status_code == 403
+    assert client.get("/admin/everystep/step/").status_code == 200
+
+
+def test_the_assets_are_served_by_the_app_itself(viewer):
+    for name, kind in [("htmx.min.js", "javascript"), ("ui.js", "javascript"), ("ui.css", "css")]:
+        response = viewer.get(f"/everystep/assets/{name}")
+        assert response.status_code == 200 and kind in response["Content-Type"]
+    assert viewer.get("/everystep/assets/..%2Fmodels.py").status_code == 404
+    assert viewer.get("/everystep/assets/nothing.js").status_code == 404
+
+
+@override_settings(EVERYSTEP_UI_PASSWORD="s3cret")
+def test_with_a_password_the_user_is_admin_by_the_login_form_or_basic_auth():
+    client = Client()
+    assert client.get("/everystep/").status_code == 302
+    api = client.get("/everystep/api/runs")
+    assert api.status_code == 401 and api["WWW-Authenticate"].startswith("Basic")
+    assert client.post("/everystep/login", {"password": "wrong"}).status_code == 401
+    assert client.post("/everystep/login", {"password": "s3cret"}).status_code == 302
+    assert client.get("/everystep/").status_code == 200
+    basic = Client(HTTP_AUTHORIZATION="Basic YWRtaW46czNjcmV0")  # admin:s3cret
+    assert basic.get("/everystep/api/runs").status_code == 200
+    wrong = Client(HTTP_AUTHORIZATION="Basic YWRtaW46bm9wZQ==")  # admin:nope
+    assert wrong.get("/everystep/api/runs").status_code == 401
+
+
+@override_settings(EVERYSTEP_UI_PASSWORD="s3cret", EVERYSTEP_UI_READ_ONLY=True)
+def test_read_only_removes_every_action(calls):
+    run = blocked_payment(calls)
+    client = Client(HTTP_AUTHORIZATION="Basic YWRtaW46czNjcmV0")
+    page = client.get(f"/everystep/run/{run.id}").content.decode()
+    assert "Record the result" not in page and "read-only" in page
+    response = client.post(f"/everystep/run/{run.id}/resolve", {"step_id": "1", "how": "discard"})
+    assert response.status_code == 403
+    run.refresh_from_db()
+    assert run.status == Workflow.Status.BLOCKED
