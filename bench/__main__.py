@@ -11,6 +11,7 @@ in its module's docstring:
     throughput  bench.throughput            worker processes draining a queue
     pickup      bench.pickup                schedule() to first step, idle worker
     claims      bench.claims                claim latency with 1,000,000 finished runs
+    ui          bench.ui                    operator UI pages with 1,000,000 runs
     replay      bench.replay                resuming a run of 1,000 recorded steps
     footprint   bench.footprint             worker start-up and memory
     zipapp      bench.zipapp                the zipapp's start-up
@@ -43,7 +44,17 @@ from bench.common import ROOT
 
 OUT = ROOT / "bench" / "out"
 LOGS = OUT / "logs"
-SECTIONS = ("steps", "throughput", "pickup", "claims", "replay", "footprint", "zipapp", "peers")
+SECTIONS = (
+    "steps",
+    "throughput",
+    "pickup",
+    "claims",
+    "ui",
+    "replay",
+    "footprint",
+    "zipapp",
+    "peers",
+)
 
 
 @dataclasses.dataclass
@@ -65,6 +76,8 @@ SIZES = {  # name: (full, quick)
     "pickup_samples": (200, 30),
     "claim_samples": (200, 50),
     "finished_runs": (1_000_000, 50_000),
+    "ui_runs": (1_000_000, 50_000),
+    "ui_samples": (20, 5),
     "replay_repeat": (5, 2),
     "start_repeat": (5, 2),
     "zipapp_repeat": (3, 1),
@@ -146,6 +159,18 @@ def plan(size):
                 "finished": size.finished_runs,
             },
         ),
+    ]
+    tasks += [
+        Task(
+            "ui",
+            f"ui.{backend}",
+            backend,
+            timeout=600,
+            options={"runs": size.ui_runs, "samples": size.ui_samples, "log_dir": str(LOGS)},
+        )
+        for backend in report.BACKENDS
+    ]
+    tasks += [
         Task("replay", "replay.postgres", timeout=120, options={"repeat": size.replay_repeat}),
         Task(
             "footprint",

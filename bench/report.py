@@ -163,6 +163,7 @@ def table(results):
     _throughput(t, get)
     _pickup(t, get)
     _claims(t, get)
+    _ui(t, get)
     _replay(t, get)
     _footprint(t, get, results.get("notes", {}))
     _peers(t, get, results.get("notes", {}))
@@ -303,6 +304,54 @@ def _claims(t, get):
             full / 1e6,
             note=f"ratio {ratio:.2f}, target < 1.5: {verdict(ratio < 1.5)}",
         )
+
+
+UI_PAGES = (
+    ("page1", "runs, page 1"),
+    ("page21", "runs, page 21 (cursor followed 20 times)"),
+    ("middle", "runs, a page from the middle of the table"),
+    ("failed", "runs, status=failed"),
+    ("blocked_runs", "runs, status=blocked"),
+    ("workflow", "runs, workflow=one of 20"),
+    ("worker", "runs, worker=one of 10"),
+    ("failed_workflow", "runs, status=failed & workflow"),
+    ("one_day", "runs, created within one day"),
+    ("search_id", "runs, search by run id"),
+    ("search_key", "runs, search by idempotency key"),
+    ("api_runs", "JSON api/runs, page 1"),
+    ("run", "one run with its steps, graph, timeline"),
+    ("workers", "workers"),
+    ("blocked", "blocked runs"),
+)
+
+
+def _ui(t, get):
+    for backend in BACKENDS:
+        p = f"ui.{backend}"
+        if get(f"{p}.runs") is None:
+            continue
+        t.heading(
+            f"{backend}: operator UI with {number(get(f'{p}.runs'))} runs, "
+            f"{get(f'{p}.samples')} requests per page, in-process"
+        )
+        t.row(
+            "fill: INSERT … SELECT of the runs",
+            get(f"{p}.fill_s"),
+            "s",
+            note=f"then steps, workers and ANALYZE: {number(get(f'{p}.analyze_s'))} s",
+        )
+        for key, label in UI_PAGES:
+            median, p95 = get(f"{p}.{key}.median_ms"), get(f"{p}.{key}.p95_ms")
+            if median is None:
+                continue
+            t.row(
+                f"{label}, median",
+                median,
+                "ms",
+                note=f"p95 {number(p95)} ms; {get(f'{p}.{key}.queries')} queries, "
+                f"{number(get(f'{p}.{key}.db_ms'))} ms in the database; "
+                f"p95 < 200 ms: {verdict(p95 < 200)}",
+            )
 
 
 def _replay(t, get):
