@@ -51,6 +51,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.processes import ServerProcess, kill_group, stop_process
+
 REPO = Path(__file__).resolve().parent.parent
 TABLE = "everystep_partition"
 SERVER_START_TIMEOUT = 120.0
@@ -67,6 +69,34 @@ class NamespaceError(RuntimeError):
     """The namespace, or a partition in it, could not be made."""
 
 
+class ServerHelper(ServerProcess):
+    """The process that runs a database server inside a namespace (this
+    module, run as ``serve``): it prints the server's URL, port and PID on
+    one line, and stops the server when its standard input closes."""
+
+    start_timeout = SERVER_START_TIMEOUT
+    stop_timeout = PROCESS_STOP_TIMEOUT
+    poll_interval = 0.05
+    error = NamespaceError
+
+    def __init__(self, backend: str, base_dir: Path):
+        super().__init__()
+        self.where = f"the helper of a {backend} server in the namespace"
+        self.log_path = base_dir / "helper.log"
+        self._output = b""
+
+    def ready(self) -> bool:
+        """Whether the helper has printed its server's line."""
+        stdout = self.process.stdout
+        if select.select([stdout], [], [], 0)[0]:
+            self._output += os.read(stdout.fileno(), 4096)
+        return b"\n" in self._output
+
+    def info(self) -> dict:
+        """The server's URL, port and PID, as the helper printed them."""
+        return json.loads(self._output.split(b"\n", 1)[0])
+
+
 @dataclass(eq=False)
 class NamespacedServer:
     """A database server inside a namespace, run by a helper process that stops it."""
@@ -75,22 +105,23 @@ class NamespacedServer:
     url: str
     port: int
     pid: int  # the server's own process, a child of the helper
-    helper: subprocess.Popen
+    helper: ServerHelper
     base_dir: Path
     namespace_id: str
 
     def stop(self) -> None:
         """Stop the server (the helper stops it when its stdin closes); kill it if it lingers."""
-        if self.helper.poll() is None:
-            self.helper.stdin.close()
+        if self.helper.pid is not None:
+            self.helper.process.stdin.close()
             try:
-                self.helper.wait(SERVER_STOP_TIMEOUT)
+                self.helper.process.wait(SERVER_STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
-                _stop_process(self.helper)
+                pass
+        self.helper.stop()  # SIGTERM, then SIGKILL, if it still runs
         # A helper that died first left its server behind: kill it while it
         # is still the process inside the namespace (its PID not reused).
         if _namespace_of(self.pid) == self.namespace_id:
-            _kill_group(self.pid)
+            kill_group(self.pid)
         shutil.rmtree(self.base_dir, ignore_errors=True)
 
 
@@ -160,23 +191,20 @@ class Namespace:
     def start_server(self, backend: str) -> NamespacedServer:
         """Start a PostgreSQL or MariaDB server inside, on 127.0.0.1 of the namespace."""
         base_dir = Path(tempfile.mkdtemp(prefix=f"everystep-netns-{backend}-"))
-        with open(base_dir / "helper.log", "ab") as log:
-            helper = self.popen(
-                [sys.executable, "-m", "tests.netns", "serve", backend, base_dir],
+        helper = ServerHelper(backend, base_dir)
+        try:
+            helper.launch(
+                self.command([sys.executable, "-m", "tests.netns", "serve", backend, base_dir]),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=log,
                 cwd=REPO,
                 env={**os.environ, "PYTHONPATH": str(REPO)},
             )
-        try:
-            line = _read_line(helper, SERVER_START_TIMEOUT)
         except BaseException:
-            _stop_process(helper)
             log_text = (base_dir / "helper.log").read_text(errors="replace")
             shutil.rmtree(base_dir, ignore_errors=True)
             raise NamespaceError(f"{backend} server in the namespace failed:\n{log_text}") from None
-        info = json.loads(line)
+        info = helper.info()
         server = NamespacedServer(
             backend, info["url"], info["port"], info["pid"], helper, base_dir, self.id
         )
@@ -218,10 +246,8 @@ class Namespace:
         """Stop every process and server started inside, by PID; release the namespace."""
         if self._fd is None:
             return
-        helpers = [server.helper for server in self._servers]
         for process in reversed(self._processes):
-            if process not in helpers:
-                _stop_process(process)
+            stop_process(process, timeout=PROCESS_STOP_TIMEOUT)
         for server in reversed(self._servers):
             server.stop()
         self._processes.clear()
@@ -288,46 +314,6 @@ def _tool(name: str) -> str:
     if path is None:
         raise NamespaceError(f"{name} not found: {FIX}")
     return path
-
-
-def _read_line(process: subprocess.Popen, timeout: float) -> str:
-    """The first line process writes to its stdout; raise if it exits or timeout passes."""
-    deadline = time.monotonic() + timeout
-    data = b""
-    while b"\n" not in data:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError(f"no line from {process.args} in {timeout} s")
-        ready, _, _ = select.select([process.stdout], [], [], remaining)
-        if ready:
-            chunk = os.read(process.stdout.fileno(), 4096)
-            if not chunk:
-                raise RuntimeError(f"{process.args} exited ({process.wait()})")
-            data += chunk
-    return data.split(b"\n", 1)[0].decode()
-
-
-def _stop_process(process: subprocess.Popen) -> None:
-    """SIGTERM by PID; after a grace period SIGKILL its group (if it leads one) while
-    it is still unreaped, so that its PID cannot have been reused."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(PROCESS_STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            _kill_group(process.pid)
-            process.wait(PROCESS_STOP_TIMEOUT)
-
-
-def _kill_group(pid: int) -> None:
-    """SIGKILL the process group that pid leads; pid alone if it leads none."""
-    try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, signal.SIGKILL)
-        else:
-            os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _kill(pid: int) -> None:

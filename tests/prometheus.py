@@ -27,10 +27,7 @@ proxy of the environment.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
 import tempfile
 import time
 import urllib.error
@@ -40,6 +37,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import ServerProcess, tail
 from tests.servers import free_port
 
 FIX = "run scripts/install-test-deps, which installs Debian's prometheus package"
@@ -65,8 +63,13 @@ def prometheus_binary() -> str:
     return found
 
 
-class PrometheusServer:
+class PrometheusServer(ServerProcess):
     """A Prometheus process that this process started, scraping static targets."""
+
+    start_timeout = START_TIMEOUT
+    stop_timeout = STOP_TIMEOUT
+    poll_interval = POLL_INTERVAL
+    error = PrometheusError
 
     def __init__(
         self,
@@ -75,6 +78,7 @@ class PrometheusServer:
         job: str = JOB,
         scrape_interval: float = 1.0,
     ):
+        super().__init__()
         self.targets_scraped = list(targets)
         self.job = job
         self.scrape_interval = scrape_interval
@@ -82,8 +86,6 @@ class PrometheusServer:
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="everystep-prometheus-"))
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.port: int | None = None
-        self._proc: subprocess.Popen | None = None
-        self._owner_pid = os.getpid()
 
     @property
     def url(self) -> str:
@@ -98,11 +100,8 @@ class PrometheusServer:
         return self.base_dir / "prometheus.yml"
 
     @property
-    def pid(self) -> int | None:
-        """PID of the running server, None when it is stopped."""
-        if self._proc is None or self._proc.poll() is not None:
-            return None
-        return self._proc.pid
+    def where(self) -> str:
+        return f"prometheus on port {self.port}"
 
     def __repr__(self) -> str:
         return f"<PrometheusServer {self.url} targets={self.targets_scraped} pid={self.pid}>"
@@ -127,39 +126,17 @@ class PrometheusServer:
             f"--storage.tsdb.path={self.base_dir / 'data'}",
             f"--web.listen-address=127.0.0.1:{self.port}",
         ]
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.base_dir,
-                # Its own process group: a Ctrl-C of the test run reaches only the tests.
-                start_new_session=True,
-            )
-        try:
-            self._wait_until_ready()
-        except BaseException:
-            self.stop()
-            raise
+        self.launch(command, cwd=self.base_dir)
 
     def stop(self) -> None:
         """Stop the server by PID: SIGTERM, wait up to 10 s, then SIGKILL. Idempotent.
 
         Removes the directory too when the server made it itself.
         """
-        proc = self._proc
         # A forked child inherits this object, but the server is its parent's.
-        if os.getpid() != self._owner_pid:
+        if not self.owned_here():
             return
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        self._proc = None
+        super().stop()
         if self._own_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
@@ -187,7 +164,7 @@ class PrometheusServer:
         """
         deadline = time.monotonic() + timeout
         while True:
-            self._check_alive()
+            self.check_alive()
             result = self.query(promql)
             if predicate(result) if predicate is not None else result:
                 return result
@@ -203,7 +180,7 @@ class PrometheusServer:
             f"{self!r}: no result{condition} for {promql!r} after {timeout:.0f} s\n"
             f"last result: {json.dumps(result)}\n"
             f"targets: {json.dumps(health, indent=1)}\n"
-            f"log {self.log_path}:\n{_tail(self.log_path)}",
+            f"log {self.log_path}:\n{tail(self.log_path)}",
             pytrace=False,
         )
 
@@ -246,30 +223,13 @@ class PrometheusServer:
             raise PrometheusError(f"{url}: {body.get('errorType')}: {body.get('error')}")
         return body["data"]
 
-    def _wait_until_ready(self) -> None:
-        """Poll /-/ready until it answers 200; raise if the server exits or 30 s pass."""
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            self._check_alive()
-            try:
-                with _opener.open(f"{self.url}/-/ready", timeout=REQUEST_TIMEOUT) as response:
-                    ready = response.status == 200
-            except (OSError, ValueError):
-                ready = False  # not listening yet, or 503 while it starts
-            # Alive after the answer too: what answered was this server, not another on its port.
-            if ready and self._proc.poll() is None:
-                return
-            time.sleep(POLL_INTERVAL)
-        raise PrometheusError(self._failure(f"not ready after {START_TIMEOUT:.0f} s"))
-
-    def _check_alive(self) -> None:
-        status = self._proc.poll() if self._proc is not None else "never started"
-        if status is not None:
-            raise PrometheusError(self._failure(f"exited with status {status}"))
-
-    def _failure(self, what: str) -> str:
-        where = f"prometheus on port {self.port}"
-        return f"{where} {what}; log {self.log_path}:\n{_tail(self.log_path)}"
+    def ready(self) -> bool:
+        """Whether /-/ready answers 200 (503 while the server starts)."""
+        try:
+            with _opener.open(f"{self.url}/-/ready", timeout=REQUEST_TIMEOUT) as response:
+                return response.status == 200
+        except (OSError, ValueError):
+            return False  # not listening yet, or 503 while it starts
 
 
 @pytest.fixture
@@ -290,10 +250,3 @@ def prometheus_server(tmp_path_factory):
     yield start
     for server in started:
         server.stop()
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

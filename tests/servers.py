@@ -22,9 +22,10 @@ import stat
 import subprocess
 import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.processes import ServerProcess, tail
 
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -43,7 +44,7 @@ _temp_dirs: dict[str, Path] = {}
 
 
 @dataclass(eq=False)
-class DatabaseServer:
+class DatabaseServer(ServerProcess):
     """A database server process that this process started and can stop, start and restart."""
 
     backend: str
@@ -54,84 +55,37 @@ class DatabaseServer:
     ready_command: list  # exits 0 once the server accepts connections
     stop_signal: int = signal.SIGTERM
     run_as: dict = field(default_factory=dict)  # Popen's user/group/extra_groups
-    _proc: subprocess.Popen | None = field(default=None, init=False)
-    _owner_pid: int = field(default_factory=os.getpid, init=False)
+
+    start_timeout = START_TIMEOUT
+    stop_timeout = STOP_TIMEOUT
+    poll_interval = POLL_INTERVAL
+
+    def __post_init__(self):
+        super().__init__()
 
     @property
     def log_path(self) -> Path:
         return self.base_dir / "server.log"
 
+    @property
+    def where(self) -> str:
+        return f"{self.backend} server on port {self.port}"
+
     def __repr__(self) -> str:
         return f"<DatabaseServer {self.backend} {self.url} pid={self.pid}>"
 
-    @property
-    def pid(self) -> int | None:
-        """PID of the running server process, None when it is stopped."""
-        if self._proc is None or self._proc.poll() is not None:
-            return None
-        return self._proc.pid
-
     def start(self) -> None:
         """Start the server on its port and data dir; return once it accepts connections."""
-        if self.pid is not None:
-            return
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                [str(c) for c in self.command],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.base_dir,
-                env=_clean_env(),
-                # Its own process group: a Ctrl-C of the test run reaches only
-                # the tests, which then stop the server in order.
-                start_new_session=True,
-                **self.run_as,
-            )
-        try:
-            self._wait_until_ready()
-        except BaseException:
-            self.stop()
-            raise
+        self.launch(self.command, cwd=self.base_dir, env=_clean_env(), **self.run_as)
 
-    def stop(self) -> None:
-        """Stop the server by PID: signal, wait up to 30 s, then SIGKILL. Idempotent."""
-        proc = self._proc
-        # A forked child inherits this object, but the server is its parent's.
-        if proc is None or os.getpid() != self._owner_pid:
-            return
-        if proc.poll() is None:
-            proc.send_signal(self.stop_signal)
-            try:
-                proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                # The whole group, so that no backend keeps the data dir busy.
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        self._proc = None
+    def ready(self) -> bool:
+        """Whether a real connection succeeds."""
+        return _succeeds(self.ready_command)
 
     def restart(self) -> None:
         """Stop the server and start it again with the same data and port."""
         self.stop()
         self.start()
-
-    def _wait_until_ready(self) -> None:
-        """Poll a real connection until it succeeds; raise if the server exits or 60 s pass."""
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            status = self._proc.poll()
-            if status is not None:
-                self._proc = None
-                raise RuntimeError(self._failure(f"exited with status {status}"))
-            # Alive after the check too: what answered was this server, not another on its port.
-            if _succeeds(self.ready_command) and self._proc.poll() is None:
-                return
-            time.sleep(POLL_INTERVAL)
-        raise RuntimeError(self._failure(f"not accepting connections after {START_TIMEOUT:.0f} s"))
-
-    def _failure(self, what: str) -> str:
-        where = f"{self.backend} server on port {self.port}"
-        return f"{where} {what}; log {self.log_path}:\n{_tail(self.log_path)}"
 
 
 def start_postgres(base_dir: Path) -> DatabaseServer:
@@ -309,7 +263,7 @@ def stop_all() -> None:
     with _lock:
         for backend, server in list(_started.items()):
             # A forked child inherits the registry, but the servers are its parent's.
-            if server._owner_pid != os.getpid():
+            if not server.owned_here():
                 continue
             server.stop()
             if os.environ.get(ENV_VARS[backend]) == server.url:
@@ -416,7 +370,7 @@ def _run(command: list, cwd: Path, run_as: dict | None = None, env: dict | None 
         )
     if status != 0:
         name = Path(str(command[0])).name
-        raise RuntimeError(f"{name} failed ({status}); log {log_path}:\n{_tail(log_path)}")
+        raise RuntimeError(f"{name} failed ({status}); log {log_path}:\n{tail(log_path)}")
 
 
 def _succeeds(command: list) -> bool:
@@ -440,10 +394,3 @@ def _succeeds(command: list) -> bool:
 def _clean_env() -> dict[str, str]:
     """The environment without PG*/MYSQL* variables, which would redirect the client tools."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("PG", "MYSQL"))}
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
