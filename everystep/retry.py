@@ -133,7 +133,8 @@ class _Outage:
         connection opened before the latest outage: it was cut off then."""
         if is_contention(exc):
             return
-        opened_in = getattr(wrapper, "everystep_outage_generation", None)
+        note = sessions.noted(wrapper)
+        opened_in = note.outage_generation if note is not None else None
         with self._lock:
             if self.since is not None or (opened_in is not None and opened_in < self.generation):
                 return
@@ -153,10 +154,10 @@ class _Outage:
 outage = _Outage()
 
 
-def on_connection_created(sender, connection, **kwargs):
-    """Django's ``connection_created`` receiver: note the outage generation
-    each connection was opened in (see `_Outage.failed`)."""
-    connection.everystep_outage_generation = outage.generation
+# One receiver notes each new connection's session and the outage
+# generation it opened in (`everystep.sessions.Note`); connected under this
+# name too, it is still connected once (the same dispatch uid).
+on_connection_created = sessions.on_connection_created
 
 
 def replace_if_outage(seen):

@@ -57,41 +57,66 @@ _SERVER_SQL = {
 }
 
 
+class Note:
+    """What the engine notes on a Django connection wrapper each time it
+    connects, from the driver and this process (no round trip): the server
+    sessions of its last few connections with when each opened (`abandon`
+    remembers them), and the outage generation its latest connection opened
+    in (`everystep.retry`: a connection older than the latest outage may
+    have been cut off by it)."""
+
+    __slots__ = ("sessions", "outage_generation")
+
+    def __init__(self):
+        self.sessions = deque(maxlen=NOTED_PER_CONNECTION)
+        self.outage_generation = None
+
+
+def noted(wrapper):
+    """The `Note` on `wrapper` (a Django connection, or None), or None."""
+    return getattr(wrapper, "everystep_note", None)
+
+
 def on_connection_created(sender, connection, **kwargs):
-    """Django's ``connection_created`` receiver: note the new session's id
-    and when it opened on the connection wrapper, read while the connection
-    is healthy (libpq forgets the id once the connection failed). The last
-    few are kept: Django may reconnect on its own after a failure (leaving a
-    transaction whose rollback failed) before the engine drops the wrapper's
-    connection."""
+    """Django's ``connection_created`` receiver: note on the connection
+    wrapper the outage generation it opened in, and the new session's id
+    and when it opened, read while the connection is healthy (libpq forgets
+    the id once the connection failed). The last few sessions are kept:
+    Django may reconnect on its own after a failure (leaving a transaction
+    whose rollback failed) before the engine drops the wrapper's connection."""
+    from everystep.retry import outage  # retry imports this module
+
+    note = connection.__dict__.get("everystep_note")
+    if note is None:
+        note = connection.everystep_note = Note()
+    note.outage_generation = outage.generation
     raw = connection.connection
     if connection.vendor == "postgresql":
-        session = raw.info.backend_pid
+        note.sessions.append((raw.info.backend_pid, time.monotonic()))
     elif connection.vendor == "mysql":
-        session = raw.thread_id()
-    else:
-        return
-    noted = connection.__dict__.setdefault("everystep_sessions", deque(maxlen=NOTED_PER_CONNECTION))
-    noted.append((session, time.monotonic()))
+        note.sessions.append((raw.thread_id(), time.monotonic()))
 
 
 def abandon(wrapper):
     """Remember the sessions of `wrapper` (a Django connection), dropped or
     about to be dropped without the server's knowledge, so that
     `end_abandoned` ends those still on the server."""
-    noted = wrapper.__dict__.pop("everystep_sessions", None)
-    if not noted:
+    note = noted(wrapper)
+    if note is None or not note.sessions:
         return  # no session, or ones already remembered or closed properly
     with _lock:
-        for sid, opened_at in noted:
+        for sid, opened_at in note.sessions:
             if len(_abandoned) >= MAX_REMEMBERED:
                 _abandoned.pop(next(iter(_abandoned)))
             _abandoned[sid] = opened_at
+    note.sessions.clear()
 
 
 def forget(wrapper):
     """`wrapper`'s sessions are closed properly: nothing to end."""
-    wrapper.__dict__.pop("everystep_sessions", None)
+    note = noted(wrapper)
+    if note is not None:
+        note.sessions.clear()
 
 
 def note_server(wrapper):

@@ -38,7 +38,7 @@ def nothing_remembered(monkeypatch):
 
 
 def test_an_abandoned_session_still_on_the_server_is_ended(other_connection):
-    ((session, _),) = other_connection.everystep_sessions
+    ((session, _),) = sessions.noted(other_connection).sessions
     sessions.abandon(other_connection)
     assert sessions.pending()
 
@@ -65,8 +65,9 @@ def test_a_session_younger_than_the_connection_that_was_abandoned_is_not_ended(
 ):
     """An id reused by a session that opened after ours (a PostgreSQL pid, a
     MariaDB connection id after a restart) names someone else's session."""
-    ((session, opened_at),) = other_connection.everystep_sessions
-    other_connection.everystep_sessions[0] = (session, opened_at - 3600)  # opened an hour ago
+    noted = sessions.noted(other_connection).sessions
+    ((session, opened_at),) = noted
+    noted[0] = (session, opened_at - 3600)  # opened an hour ago
     sessions.abandon(other_connection)
 
     assert sessions.end_abandoned(connection) == 0
@@ -77,7 +78,7 @@ def test_a_session_younger_than_the_connection_that_was_abandoned_is_not_ended(
 def test_sessions_opened_before_the_server_changed_are_not_ended(other_connection, monkeypatch):
     """After a failover or a restart behind the same URL, an id noted before
     may name another session on the new server."""
-    ((session, _),) = other_connection.everystep_sessions
+    ((session, _),) = sessions.noted(other_connection).sessions
     sessions.abandon(other_connection)
     monkeypatch.setattr(sessions, "_server", ("the server before a failover", 0.0))
 
