@@ -16,7 +16,7 @@ VENV_PYTHON ?= $(shell scripts/find-python)
 PYTHON ?= python3
 VENV := .venv
 PYZ := dist/everystep.pyz
-PYZ_SOURCES := pyproject.toml scripts/build-pyz $(shell find everystep config runtime -name '*.py')
+PYZ_SOURCES := pyproject.toml scripts/build-pyz $(shell find everystep config runtime -type f -not -path '*/__pycache__/*')
 BACKENDS ?= postgres mariadb sqlite
 PYTEST_ARGS ?=
 

@@ -73,6 +73,21 @@ def blocked_payment(calls):
     return run
 
 
+def lost_worker(name):
+    """A worker row whose heartbeat is too old: operators see it lost."""
+    import datetime
+
+    from django.utils import timezone
+
+    from everystep import store
+    from everystep.models import Worker
+
+    store.worker_started(name, 4, ["tests.workflows.quick"])
+    Worker.objects.filter(name=name).update(
+        heartbeat_at=timezone.now() - datetime.timedelta(seconds=Worker.LOST_AFTER + 5)
+    )
+
+
 def wait_until(condition, timeout=30.0, interval=0.02, message="condition"):
     """Poll `condition` until it returns a truthy value, which is returned;
     fail the test if `timeout` seconds pass first."""
@@ -192,3 +207,28 @@ def park(workflow_func, *args, worker):
         claimed_by=worker,
         claim_token=uuid.uuid4(),
     )
+
+
+def url_with_password(password):
+    """The test database's URL with a password in it that the server accepts:
+    a user with this password is created."""
+    from django.db import connection
+
+    url = database_url()
+    if connection.vendor == "sqlite":
+        return url
+    user = "secretive"
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT 1 FROM pg_roles WHERE rolname = '{user}'")
+            verb = "ALTER" if cursor.fetchone() else "CREATE"
+            cursor.execute(f"{verb} ROLE {user} LOGIN SUPERUSER PASSWORD '{password}'")
+    if connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"CREATE USER IF NOT EXISTS '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'"
+            )
+            cursor.execute(f"ALTER USER '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'")
+            cursor.execute(f"GRANT ALL ON *.* TO '{user}'@'127.0.0.1'")
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{user}:{password}@{rest.split('@', 1)[1]}"

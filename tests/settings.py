@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "everystep",
 ]
 MIDDLEWARE = [
@@ -67,6 +68,7 @@ TEMPLATES = [
 ]
 ROOT_URLCONF = "tests.urls"
 LOGIN_URL = "/admin/login/"
+STATIC_URL = "/static/"
 EVERYSTEP_WORKFLOWS = ["tests.workflows"]
 USE_TZ = True
 TIME_ZONE = "UTC"

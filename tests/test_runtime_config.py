@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from everystep.models import Workflow
-from tests.helpers import database_url, wait_until
+from tests.helpers import database_url, url_with_password, wait_until
 from tests.zipapp import clean_environment, one_line_error, run_pyz, workflow_environment
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -274,29 +274,6 @@ def test_the_worker_refuses_an_unmigrated_server_database_and_sqlite_migrates_it
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
     assert "No migrations to apply" in second.stdout
     assert run_pyz(pyz, "check", env=env, cwd=tmp_path).returncode == 0
-
-
-def url_with_password(password):
-    """The test database's URL with a password in it that the server accepts:
-    a user with this password is created."""
-    url = database_url()
-    if connection.vendor == "sqlite":
-        return url
-    user = "secretive"
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT 1 FROM pg_roles WHERE rolname = '{user}'")
-            verb = "ALTER" if cursor.fetchone() else "CREATE"
-            cursor.execute(f"{verb} ROLE {user} LOGIN SUPERUSER PASSWORD '{password}'")
-    if connection.vendor == "mysql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"CREATE USER IF NOT EXISTS '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'"
-            )
-            cursor.execute(f"ALTER USER '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'")
-            cursor.execute(f"GRANT ALL ON *.* TO '{user}'@'127.0.0.1'")
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://{user}:{password}@{rest.split('@', 1)[1]}"
 
 
 @pytest.fixture

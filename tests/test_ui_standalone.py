@@ -22,10 +22,8 @@ import pytest
 
 from everystep import schedule
 from tests import workflows
-from tests.helpers import database_url, park, run_to_end
+from tests.helpers import database_url, lost_worker, park, run_to_end, url_with_password
 from tests.servers import free_port
-from tests.test_runtime_config import url_with_password
-from tests.test_ui_views import lost_worker
 from tests.workerproc import REPO
 from tests.zipapp import clean_environment, one_line_error, run_pyz, workflow_environment
 

@@ -2,7 +2,6 @@
 the pages and the JSON API, actions with their refusals, and bad input
 answered with a reason, never a 500."""
 
-import datetime
 import html
 import json
 import logging
@@ -11,12 +10,11 @@ import re
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client, override_settings
-from django.utils import timezone
 
 from everystep import schedule
 from everystep.models import Step, Workflow
 from tests import workflows
-from tests.helpers import attempt, blocked_payment, park, run_to_end
+from tests.helpers import attempt, blocked_payment, lost_worker, park, run_to_end
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -54,17 +52,6 @@ def submit(client, page_url, action_url, data):
     assert f'action="{action_url}"' in page, f"no form posts to {action_url} on {page_url}"
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
     return client.post(action_url, {**data, "csrfmiddlewaretoken": token})
-
-
-def lost_worker(name):
-    """A worker row whose heartbeat is too old: the UI shows it lost."""
-    from everystep import store
-    from everystep.models import Worker
-
-    store.worker_started(name, 4, ["tests.workflows.quick"])
-    Worker.objects.filter(name=name).update(
-        heartbeat_at=timezone.now() - datetime.timedelta(seconds=Worker.LOST_AFTER + 5)
-    )
 
 
 def test_every_page_needs_a_logged_in_user():

@@ -11,7 +11,6 @@ ever, and a proxy's idle timeout never cuts it); the browser reconnects
 by itself.
 """
 
-import hashlib
 import threading
 import time
 
@@ -20,7 +19,6 @@ from django.http import StreamingHttpResponse
 from django.views.decorators.cache import never_cache
 
 from everystep.errors import EverystepError
-from everystep.serde import readable_json
 from everystep.ui import access, responses, snapshots
 
 TICK = 1.0
@@ -91,7 +89,9 @@ def stream(request):
         return responses.json({"error": str(exc)}, status=404)
     except EverystepError as exc:
         return responses.json({"error": str(exc)}, status=400)
-    events = _events(build, first, request.headers.get("Last-Event-ID"))
+    # A page names the data it was rendered with: nothing is sent until it changes.
+    last_id = request.headers.get("Last-Event-ID") or request.GET.get("last")
+    events = _events(build, first, last_id)
     response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
@@ -104,8 +104,7 @@ def _events(build, data, last_id):
     last_sent = time.monotonic()
     while True:
         if data is not None:
-            text = readable_json(data)
-            digest = hashlib.sha256(text.encode()).hexdigest()[:20]
+            text, digest = snapshots.encoded(data)
             if digest != last_id:
                 yield f"id: {digest}\nevent: change\ndata: {text}\n\n"
                 last_id, last_sent = digest, time.monotonic()

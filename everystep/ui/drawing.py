@@ -226,7 +226,8 @@ class Lane:
 def timeline(run, steps, now=None):
     """The steps on a time axis of `AXIS_WIDTH` pixels, from the first start
     to the last end (now, for a step still started), one `Lane` per scope
-    in the order each first appears; returns ``(lanes, total seconds)``."""
+    in the order of their ids (the body first, then each fork's branches);
+    returns ``(lanes, total seconds)``."""
     if not steps:
         return [], 0.0
     now = now or timezone.now()
@@ -249,9 +250,18 @@ def timeline(run, steps, now=None):
                 seconds=seconds if step.finished_at else None,
             )
         )
-    for index, lane in enumerate(lanes.values()):
+    ordered = [lanes[scope] for scope in sorted(lanes, key=_scope_order)]
+    for index, lane in enumerate(ordered):
         lane.y = index * LANE_HEIGHT
-    return list(lanes.values()), total
+    return ordered, total
+
+
+def _scope_order(scope):
+    """``"2.0.1.1"`` as ``((0, 2), (0, 0), (0, 1), (0, 1))``: positions in
+    number order, named steps after them by name."""
+    if not scope:
+        return ()
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in scope.split("."))
 
 
 def _end(run, step, now):

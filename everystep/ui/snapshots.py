@@ -6,12 +6,14 @@ command line uses.
 """
 
 import dataclasses
+import hashlib
 
 from django.utils import timezone
 
 from everystep import operations
 from everystep.errors import EverystepError
 from everystep.models import Workflow
+from everystep.serde import readable_json
 from everystep.ui import drawing, filters
 
 
@@ -80,6 +82,13 @@ def blocked():
 def public(data):
     """`data` without the keys kept for the templates (those starting with _)."""
     return {key: value for key, value in data.items() if not key.startswith("_")}
+
+
+def encoded(data):
+    """`data` (public) as the stream sends it, and its digest: the event id,
+    which a page also carries, so that its stream sends only what is newer."""
+    text = readable_json(public(data))
+    return text, hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
 def _seconds(step):

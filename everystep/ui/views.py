@@ -51,7 +51,6 @@ def runs(request):
         "statuses": operations.STATUSES,
         "query": request.GET,
         "active": {},
-        "stream_query": _stream_query("runs", request.GET),
     }
     try:
         context["active"] = filters.active(request.GET)
@@ -62,6 +61,11 @@ def runs(request):
         context["next_page"] = "?" + urllib.parse.urlencode(
             {**context["active"], "cursor": data["next_cursor"]}
         )
+    page = {
+        **context["active"],
+        **({"cursor": request.GET["cursor"]} if "cursor" in request.GET else {}),
+    }
+    context["stream_query"] = _stream_query("runs", page, data)
     counts = [
         (status, _count_text(data["counts"][status]), _status_link(context["active"], status))
         for status in operations.STATUSES
@@ -97,7 +101,7 @@ def _run_context(data, **extra):
         "uncertain": [s for s in steps if s.status == "started"]
         if found.status == Workflow.Status.BLOCKED
         else [],
-        "stream_query": _stream_query("run", {"id": str(found.id)}),
+        "stream_query": _stream_query("run", {"id": str(found.id)}, data),
         **extra,
     }
 
@@ -111,7 +115,7 @@ def blocked(request):
     return responses.page(
         request,
         "blocked",
-        _common(request, data=data, stream_query=_stream_query("blocked", {})),
+        _common(request, data=data, stream_query=_stream_query("blocked", {}, data)),
     )
 
 
@@ -124,7 +128,7 @@ def workers(request):
     return responses.page(
         request,
         "workers",
-        _common(request, data=data, stream_query=_stream_query("workers", {})),
+        _common(request, data=data, stream_query=_stream_query("workers", {}, data)),
     )
 
 
@@ -215,8 +219,10 @@ def _back(url, notice):
     return response
 
 
-def _stream_query(view, params):
-    return urllib.parse.urlencode({"view": view, **params})
+def _stream_query(view, params, data):
+    """The page's stream: its view and parameters, and the digest of the data
+    it was rendered with (`snapshots.encoded`)."""
+    return urllib.parse.urlencode({"view": view, **params, "last": snapshots.encoded(data)[1]})
 
 
 def _status_link(active, status):

@@ -4,7 +4,7 @@
 // from the stream (Server-Sent Events) makes the page's live part fetch
 // itself again (htmx, on the `everystep:changed` event). Without
 // EventSource, when the stream is refused, or when it goes silent (a proxy
-// that buffers it), the page polls every two seconds instead. `?live=poll`
+// that buffers it), the page polls every second instead. `?live=poll`
 // asks for polling outright.
 (function () {
   "use strict";
@@ -13,7 +13,7 @@
   if (!streamUrl || !window.htmx) {
     return;
   }
-  var POLL_MS = 2000;
+  var POLL_MS = 1000;
   var SILENT_MS = 12000;
   var source = null;
   var polling = null;

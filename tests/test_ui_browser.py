@@ -1,0 +1,208 @@
+"""The operator UI in a real browser: headless Chromium on the UI mounted in
+a Django project (served by pytest-django's live server), every page
+rendered without a console error and kept as a screenshot, the step graph
+of a workflow with forks, a blocked run resolved by clicking, the runs page
+updating itself, and the refusals without login or without the CSRF token.
+
+The pages' queries run on every backend in test_ui_views; the browser's
+part is the same on each, so it runs on one."""
+
+import time
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import override_settings
+from selenium.webdriver.common.by import By
+
+from everystep import schedule
+from everystep.models import Workflow
+from tests import workflows
+from tests.browser import browser, console_errors, screenshot, wait_for, wait_for_text  # noqa: F401
+from tests.helpers import blocked_payment, lost_worker, park, run_to_end
+
+pytestmark = [pytest.mark.backends("sqlite"), pytest.mark.django_db(transaction=True)]
+
+LIVE_DEADLINE = 2.0  # SPEC §12: a page updates itself within 2 s of a change
+
+
+@pytest.fixture
+def operator(live_server, browser):  # noqa: F811
+    """The browser, logged in through the project's login form as a user
+    who may read and act."""
+    user = User.objects.create_user("operator", password="correct horse", is_staff=True)
+    for codename in ("view_workflow", "change_workflow"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    browser.get(f"{live_server.url}/everystep/")
+    wait_for(browser, lambda d: "/admin/login/" in d.current_url, message="the login form")
+    browser.find_element(By.NAME, "username").send_keys("operator")
+    browser.find_element(By.NAME, "password").send_keys("correct horse")
+    browser.find_element(By.CSS_SELECTOR, "[type=submit]").click()
+    wait_for_text(browser, "Runs")
+    # The project's own login page has no icon: its 404 is not the UI's.
+    assert console_errors(browser, ignore=["/favicon.ico"]) == []
+    return browser
+
+
+def no_console_errors(driver):
+    assert console_errors(driver) == []
+
+
+def live(driver, how):
+    """Wait until the page's live updates run by `how` (stream or polling)."""
+    wait_for(
+        driver,
+        lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-live") == how,
+        message=f"live updates by {how}",
+    )
+
+
+def test_without_login_the_ui_sends_to_the_login_form_and_shows_nothing(live_server, browser):  # noqa: F811
+    browser.get(f"{live_server.url}/everystep/run/{schedule(workflows.quick, 1).id}")
+    wait_for(browser, lambda d: "/admin/login/" in d.current_url, message="the login form")
+    assert "quick" not in browser.page_source
+    screenshot(browser, "ui-login-required")
+
+
+def test_every_page_renders_and_is_kept_as_a_screenshot(operator, live_server, calls):
+    run_to_end(workflows.add_twice, 1, 2)
+    run_to_end(workflows.failing_body)
+    forked = run_to_end(workflows.nested_forks, 5)
+    blocked = blocked_payment(calls)
+    schedule(workflows.echo_values, "waiting", idempotency_key="order-42")
+    lost_worker("worker-gone")
+    park(workflows.quick, 7, worker="worker-gone")
+    from everystep import store
+
+    store.worker_started("worker-1", 4, ["tests.workflows.quick"])
+
+    operator.get(f"{live_server.url}/everystep/")
+    wait_for_text(operator, str(forked.id))
+    live(operator, "stream")
+    assert operator.find_element(By.CSS_SELECTOR, ".count-failed b").text == "1"
+    screenshot(operator, "ui-runs")
+
+    operator.get(f"{live_server.url}/everystep/?status=failed")
+    rows = operator.find_elements(By.CSS_SELECTOR, "table.runs tbody tr[data-run]")
+    assert [row.get_attribute("data-run") for row in rows] == [
+        str(run.id) for run in Workflow.objects.filter(status="failed")
+    ]
+    screenshot(operator, "ui-runs-failed")
+
+    operator.get(f"{live_server.url}/everystep/run/{forked.id}")
+    nodes = operator.find_elements(By.CSS_SELECTOR, "#graph g.node")
+    assert {node.get_attribute("data-step") for node in nodes} == {
+        "1", "2", "2.0.1", "2.0.1.0.1", "2.0.1.1.1", "2.0.1.1.2", "2.1.1", "2.1.named", "3",
+    }  # fmt: skip
+    assert {node.get_attribute("data-status") for node in nodes} == {"done"}
+    assert len(operator.find_elements(By.CSS_SELECTOR, "#graph path.edge")) >= 9
+    lanes = operator.find_elements(By.CSS_SELECTOR, "#timeline g.lane text.lane-label")
+    assert [lane.text for lane in lanes] == [
+        "body",
+        "fork 2.0.1, branch 0",
+        "fork 2.0.1, branch 1",
+        "fork 2, branch 1",
+    ]
+    screenshot(operator, "ui-run-graph")
+
+    operator.get(f"{live_server.url}/everystep/blocked")
+    wait_for_text(operator, str(blocked.id))
+    screenshot(operator, "ui-blocked")
+
+    operator.get(f"{live_server.url}/everystep/workers")
+    lost = operator.find_element(By.CSS_SELECTOR, 'tr[data-worker="worker-gone"]')
+    assert "Requeue 1 run" in lost.text
+    screenshot(operator, "ui-workers")
+    no_console_errors(operator)
+
+
+def test_a_body_without_a_fixed_shape_says_why_it_is_drawn_as_recorded(operator, live_server):
+    run = run_to_end(workflows.calls_a_helper, 3)
+    operator.get(f"{live_server.url}/everystep/run/{run.id}")
+    reason = operator.find_element(By.CSS_SELECTOR, "#graph .fallback").text
+    assert "doubled_by_a_helper()" in reason
+    screenshot(operator, "ui-run-fallback")
+    no_console_errors(operator)
+
+
+def test_a_blocked_run_is_resolved_by_clicking(operator, live_server, calls):
+    run = blocked_payment(calls)
+    operator.get(f"{live_server.url}/everystep/blocked")
+    operator.find_element(By.CSS_SELECTOR, f'tr[data-run="{run.id}"] a.button').click()
+    wait_for_text(operator, "Blocked: resolve its uncertain step")
+    screenshot(operator, "ui-run-blocked")
+    operator.find_element(By.NAME, "result").send_keys('{"charged": 30}')
+    operator.find_element(By.NAME, "resolve-result").click()
+    wait_for_text(operator, "Resolved: the run is scheduled again.")
+    assert operator.find_element(By.ID, "run-status").text == "scheduled"
+    run.refresh_from_db()
+    assert run.status == Workflow.Status.SCHEDULED
+    assert run.steps.get(step_id="1").result == {"charged": 30}
+    no_console_errors(operator)
+
+
+def test_a_form_without_its_csrf_token_is_refused(operator, live_server, calls):
+    run = blocked_payment(calls)
+    operator.get(f"{live_server.url}/everystep/run/{run.id}")
+    operator.execute_script(
+        "document.querySelectorAll('[name=csrfmiddlewaretoken]').forEach(e => e.remove())"
+    )
+    operator.find_element(By.NAME, "resolve-discard").click()
+    wait_for_text(operator, "CSRF")
+    run.refresh_from_db()
+    assert run.status == Workflow.Status.BLOCKED
+    console_errors(operator)  # the 403 of the refused form is the expected error
+
+
+@pytest.mark.parametrize("how", ["stream", "polling"])
+def test_the_runs_page_shows_a_new_run_within_2_seconds(operator, live_server, how):
+    query = "?live=poll" if how == "polling" else ""
+    operator.get(f"{live_server.url}/everystep/{query}")
+    live(operator, how)
+    run = schedule(workflows.quick, 1)
+    scheduled_at = time.monotonic()
+    wait_for(
+        operator,
+        lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-run="{run.id}"]'),
+        timeout=LIVE_DEADLINE,
+        message=f"the new run on the page, by {how}",
+    )
+    shown_after = time.monotonic() - scheduled_at
+    assert shown_after <= LIVE_DEADLINE
+    no_console_errors(operator)
+
+
+def test_a_run_page_follows_the_run_to_its_end(operator, live_server):
+    run = schedule(workflows.add_twice, 1, 2)
+    operator.get(f"{live_server.url}/everystep/run/{run.id}")
+    live(operator, "stream")
+    assert operator.find_element(By.ID, "run-status").text == "scheduled"
+    from tests.helpers import attempt
+
+    attempt()
+    wait_for(
+        operator,
+        lambda d: d.find_element(By.ID, "run-status").text == "completed",
+        timeout=LIVE_DEADLINE,
+        message="the run's status to turn completed",
+    )
+    assert len(operator.find_elements(By.CSS_SELECTOR, "table.steps tbody tr[data-step]")) == 2
+    no_console_errors(operator)
+
+
+@override_settings(EVERYSTEP_UI_PASSWORD="s3cret", EVERYSTEP_UI_READ_ONLY=True)
+def test_the_standalone_login_form_and_read_only_mode(live_server, browser, calls):  # noqa: F811
+    run = blocked_payment(calls)
+    browser.get(f"{live_server.url}/everystep/run/{run.id}")
+    wait_for(browser, lambda d: "/everystep/login" in d.current_url, message="the login form")
+    screenshot(browser, "ui-standalone-login")
+    browser.find_element(By.NAME, "password").send_keys("wrong")
+    browser.find_element(By.CSS_SELECTOR, "[type=submit]").click()
+    wait_for_text(browser, "Wrong user name or password.")
+    console_errors(browser)  # the refused login answers 401: expected
+    browser.find_element(By.NAME, "password").send_keys("s3cret")
+    browser.find_element(By.CSS_SELECTOR, "[type=submit]").click()
+    wait_for_text(browser, f"Run {run.id}")
+    assert "read-only" in browser.find_element(By.CSS_SELECTOR, "header.top").text
+    assert browser.find_elements(By.NAME, "resolve-result") == []
+    screenshot(browser, "ui-standalone-read-only")
+    no_console_errors(browser)
