@@ -16,18 +16,20 @@ is ever that idle.
 A lock lost with its connection (a restart, a partition) is taken again by
 `ensure()` before the worker claims anything more. If the server still
 shows the lock held by this worker's own previous session, that session is
-ended first. If another process holds it, `ensure()` raises `NameLost`: the
-worker must stop, never run as a second holder.
+ended first (`everystep.sessions.end`). If another process holds it,
+`ensure()` raises `NameLost`: the worker must stop, never run as a second
+holder.
 """
 
 import fcntl
 import hashlib
 import os
 import re
+import time
 
 from django.db import DatabaseError, connections
 
-from everystep import deadline, events
+from everystep import deadline, events, sessions
 from everystep.timeouts import KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL
 
 IDLE_SESSION_TIMEOUT = 30  # seconds; the worker checks its lock every 5
@@ -74,7 +76,7 @@ class NameLock:
 class _ConnectionLock(NameLock):
     """A lock held by a database session of its own."""
 
-    acquire_sql = verify_sql = release_sql = holder_sql = session_sql = end_session_sql = ""
+    acquire_sql = verify_sql = release_sql = holder_sql = session_sql = ""
     session_setup = ()
 
     def __init__(self, name, alias):
@@ -83,6 +85,8 @@ class _ConnectionLock(NameLock):
         self.key = self.lock_key(name)
         self._connection = None
         self._session = None  # the session that holds (or last held) the lock
+        self._session_opened_at = None  # when its connection opened (monotonic)
+        self._connected_at = None  # when the lock's connection opened (monotonic)
         self._lost = False
 
     def lock_key(self, name):
@@ -98,6 +102,7 @@ class _ConnectionLock(NameLock):
             self._connection.inc_thread_sharing()  # taken on one thread, kept on another
             with deadline.guard(self._connection, "setting up the name lock's session"):
                 self._connection.ensure_connection()
+                self._connected_at = time.monotonic()
                 self._connection.set_autocommit(True)
                 for statement in self.session_setup:
                     try:
@@ -108,6 +113,7 @@ class _ConnectionLock(NameLock):
         if self._scalar(self.acquire_sql, [self.key]) != 1:
             return False
         self._session = self._scalar(self.session_sql)
+        self._session_opened_at = self._connected_at
         return True
 
     def ensure(self, reconnect=False):
@@ -134,7 +140,9 @@ class _ConnectionLock(NameLock):
                 )
             # Our own session from before the loss, not yet found dead by the
             # server: end it and take the lock now.
-            self._scalar(self.end_session_sql, [holder[0] if isinstance(holder, tuple) else holder])
+            session_id = holder[0] if isinstance(holder, tuple) else holder
+            with deadline.guard(self._connection, "ending the name lock's old session"):
+                sessions.end(self._connection, {session_id: self._session_opened_at})
             if not self.try_acquire():
                 return False  # the session is still ending: try again next check
         self._lost = False
@@ -183,7 +191,6 @@ class AdvisoryLock(_ConnectionLock):
         "WHERE l.locktype = 'advisory' AND l.granted "
         "AND ((l.classid::bigint << 32) | l.objid::bigint) = %s"
     )
-    end_session_sql = "SELECT pg_terminate_backend(%s)"
     session_setup = (
         f"SET tcp_keepalives_idle = {KEEPALIVE_IDLE}",
         f"SET tcp_keepalives_interval = {KEEPALIVE_INTERVAL}",
@@ -205,7 +212,6 @@ class MySQLLock(_ConnectionLock):
     release_sql = "SELECT RELEASE_LOCK(%s)"
     session_sql = "SELECT CONNECTION_ID()"
     holder_sql = "SELECT IS_USED_LOCK(%s)"
-    end_session_sql = "KILL CONNECTION %s"
     session_setup = (f"SET SESSION wait_timeout = {IDLE_SESSION_TIMEOUT}",)
 
     def lock_key(self, name):

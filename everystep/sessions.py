@@ -155,24 +155,18 @@ def end_abandoned(wrapper):
     with deadline.guard(wrapper, "ending sessions left by cut-off connections"):
         note_server(wrapper)
         with _lock:
-            now = time.monotonic()
             known_since = _server[1]
-            ages = {
-                sid: now - opened_at
-                for sid, opened_at in _abandoned.items()
-                if opened_at >= known_since
+            opened = {
+                sid: opened_at for sid, opened_at in _abandoned.items() if opened_at >= known_since
             }
-            forgotten = [sid for sid in _abandoned if sid not in ages]
+            forgotten = [sid for sid in _abandoned if sid not in opened]
             for sid in forgotten:
                 _abandoned.pop(sid)
-        if not ages:
+        if not opened:
             return 0
-        if wrapper.vendor == "postgresql":
-            ended = _end_postgresql(wrapper, ages)
-        else:
-            ended = _end_mysql(wrapper, ages)
+        ended = end(wrapper, opened)
     with _lock:
-        for sid in ages:
+        for sid in opened:
             _abandoned.pop(sid, None)
     if ended:
         events.announce(
@@ -181,6 +175,19 @@ def end_abandoned(wrapper):
             session_list=", ".join(str(sid) for sid in sorted(ended)),
         )
     return len(ended)
+
+
+def end(wrapper, opened):
+    """End, through `wrapper`, those of the sessions in `opened` (session id
+    → when its connection opened, monotonic) that are alive on the server and
+    can only be ours: of our user, and as old as the connection that opened
+    them. Returns the ids it ended. PostgreSQL and MariaDB/MySQL only; the
+    caller holds the deadline."""
+    now = time.monotonic()
+    ages = {sid: now - opened_at for sid, opened_at in opened.items()}
+    if wrapper.vendor == "postgresql":
+        return _end_postgresql(wrapper, ages)
+    return _end_mysql(wrapper, ages)
 
 
 def _end_postgresql(wrapper, ages):
