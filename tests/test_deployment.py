@@ -139,7 +139,7 @@ def test_the_procfile_migrates_on_release_and_runs_a_stable_named_worker_within_
     spawn_process, tmp_path
 ):
     processes = procfile()
-    assert set(processes) == {"release", "worker"}
+    assert set(processes) == {"release", "worker", "web"}
     env = clean_environment(
         DATABASE_URL=database_url(),  # as a Heroku-style platform sets it
         DYNO="worker.1",
@@ -164,6 +164,36 @@ def test_the_procfile_migrates_on_release_and_runs_a_stable_named_worker_within_
     wait_until(lambda: Workflow.objects.get(id=run.id).status == "completed")
     worker.send(signal.SIGTERM)
     assert worker.wait(30) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_procfiles_web_process_serves_the_operator_ui_on_the_platforms_port(
+    spawn_process, tmp_path
+):
+    import base64
+    import urllib.request
+
+    from tests.servers import free_port
+
+    port = free_port()
+    env = clean_environment(
+        DATABASE_URL=database_url(),
+        PORT=str(port),  # as a Heroku-style platform sets it
+        EVERYSTEP_UI_PASSWORD="platform-secret",
+        EVERYSTEP_UI_BIND="127.0.0.1",  # a test server listens on loopback only
+        PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}",
+    )
+    web = spawn_process("web", ["bash", "-c", f"exec {procfile()['web']}"], env=env, cwd=tmp_path)
+    web.wait_for_log(f"operator UI serving on http://127.0.0.1:{port}/")
+    run = Workflow.objects.create(name="tests.workflows.quick", args=[1])
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/runs",
+        headers={"Authorization": "Basic " + base64.b64encode(b"admin:platform-secret").decode()},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert [listed["id"] for listed in json.load(response)["runs"]] == [str(run.id)]
+    web.send(signal.SIGTERM)
+    assert web.wait(30) == 0
 
 
 def children(pid):

@@ -102,6 +102,7 @@ def test_every_page_renders_and_is_kept_as_a_screenshot(operator, live_server, c
         "fork 2.0.1, branch 1",
         "fork 2, branch 1",
     ]
+    operator.execute_script("document.getElementById('graph').scrollIntoView()")
     screenshot(operator, "ui-run-graph")
 
     operator.get(f"{live_server.url}/everystep/blocked")
