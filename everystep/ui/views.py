@@ -111,12 +111,7 @@ def _run_context(data, **extra):
 @transaction.non_atomic_requests
 def blocked(request):
     """The blocked runs, each with its uncertain step and the resolutions."""
-    data = snapshots.blocked()
-    return responses.page(
-        request,
-        "blocked",
-        _common(request, data=data, stream_query=_stream_query("blocked", {}, data)),
-    )
+    return _whole_view(request, "blocked", snapshots.blocked())
 
 
 @never_cache
@@ -124,12 +119,13 @@ def blocked(request):
 @transaction.non_atomic_requests
 def workers(request):
     """Every worker: state, host, pid, pool, heartbeat, the runs it holds."""
-    data = snapshots.workers()
-    return responses.page(
-        request,
-        "workers",
-        _common(request, data=data, stream_query=_stream_query("workers", {}, data)),
-    )
+    return _whole_view(request, "workers", snapshots.workers())
+
+
+def _whole_view(request, view, data):
+    """A page showing one snapshot, taking no parameters, with its stream."""
+    context = _common(request, data=data, stream_query=_stream_query(view, {}, data))
+    return responses.page(request, view, context)
 
 
 @access.actor
