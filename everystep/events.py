@@ -3,10 +3,11 @@
 The runner and the worker call `announce(EVENT, **fields)` at each
 transition — a run claimed, finished, requeued; a step recorded; the
 database lost and found again — and never log, count or trace on their own.
-`announce` calls every subscriber with the event's name and fields — the
-metrics (`everystep.metrics`), the spans (`everystep.tracing`) and the
-error reports (`everystep.reporting`) hang off this seam — and writes the
-log record: one message per event, with the same ``extra`` keys every time
+`announce` calls every subscriber of the event — the metrics
+(`everystep.metrics`), the spans (`everystep.tracing`) and the error
+reports (`everystep.reporting`) hang off this seam, each subscribing a
+mapping of the events it handles to their handlers — and writes the log
+record: one message per event, with the same ``extra`` keys every time
 (``action`` and the event's fields, run ids as strings; objects meant for
 subscribers, such as an exception, kept out).
 
@@ -15,9 +16,11 @@ threads. One that raises is logged and skipped, never allowed to fail a run.
 """
 
 import dataclasses
+import functools
 import logging
 import threading
 import uuid
+from collections.abc import Mapping
 
 logger = logging.getLogger("everystep")
 
@@ -119,34 +122,55 @@ EVENTS = {
     "worker_stopped": Event(INFO, "worker {worker} stopped"),
 }
 
-_subscribers = []
+_subscribers = []  # in the order they subscribed
+_routes = {}  # event name → its handlers, ``handler(fields)``, in that order
 _lock = threading.Lock()
 
 
-def subscribe(callback):
-    """Call ``callback(event, fields)`` after each announcement (once, however
-    often it is subscribed); returns it."""
-    global _subscribers
-    with _lock:  # copy on write: `announce` iterates a list nobody changes
-        if callback not in _subscribers:
-            _subscribers = [*_subscribers, callback]
-    return callback
-
-
-def unsubscribe(callback):
-    """Stop calling `callback`; nothing happens if it was not subscribed."""
+def subscribe(subscriber):
+    """Subscribe to the announcements (once, however often it is
+    subscribed); returns `subscriber`. It is either ``callback(event,
+    fields)``, called after each announcement, or a mapping of event names
+    to ``handler(fields)``, each called after its event's (read when
+    subscribed)."""
     global _subscribers
     with _lock:
-        _subscribers = [subscribed for subscribed in _subscribers if subscribed != callback]
+        if subscriber not in _subscribers:
+            _subscribers = [*_subscribers, subscriber]
+            _route()
+    return subscriber
+
+
+def unsubscribe(subscriber):
+    """Stop calling `subscriber`; nothing happens if it was not subscribed."""
+    global _subscribers
+    with _lock:
+        _subscribers = [subscribed for subscribed in _subscribers if subscribed != subscriber]
+        _route()
+
+
+def _route():
+    """Rebuild the handlers of each event from the subscribers, copy on
+    write: `announce` reads a mapping nobody changes."""
+    global _routes
+    routes = {}
+    for subscriber in _subscribers:
+        if isinstance(subscriber, Mapping):
+            handlers = subscriber.items()
+        else:
+            handlers = ((event, functools.partial(subscriber, event)) for event in EVENTS)
+        for event, handler in handlers:
+            routes.setdefault(event, []).append(handler)
+    _routes = {event: tuple(handlers) for event, handlers in routes.items()}
 
 
 def announce(event, exc_info=None, **fields):
     """Tell the subscribers about `event` and its `fields`, then log it.
     Subscribers come first: an error reporter hooked to the logging (Sentry's
     integration) then recognizes the record's exception as already reported."""
-    for callback in _subscribers:
+    for handler in _routes.get(event, ()):
         try:
-            callback(event, fields)
+            handler(fields)
         except Exception:  # noqa: BLE001 - a subscriber never fails a run
             logger.exception("an everystep event subscriber failed on %s", event)
     spec = EVENTS[event]

@@ -7,12 +7,12 @@ Django view (`everystep.views.metrics_view`) or the host application's own
 exporter. Labels are names from code (workflows, steps, workers), never run
 ids, so the number of series stays bounded.
 
-The counters and histograms are updated by `on_event`, a subscriber of the
-engine's announcements; nothing in the runner or the worker touches a
-metric. The queue gauges (pending, running, blocked, the oldest pending
-run's age, unclaimable runs) are read from the database when scraped, by
-`QueueCollector`, at most once every `QUEUE_CACHE_SECONDS`, on indexes that
-hold only the runs not finished (`store.queue_state`).
+The counters and histograms are updated by the handlers in `on_event`,
+subscribed to the engine's announcements; nothing in the runner or the
+worker touches a metric. The queue gauges (pending, running, blocked, the
+oldest pending run's age, unclaimable runs) are read from the database when
+scraped, by `QueueCollector`, at most once every `QUEUE_CACHE_SECONDS`, on
+indexes that hold only the runs not finished (`store.queue_state`).
 """
 
 import threading
@@ -91,13 +91,6 @@ def install():
         _installed = True
 
 
-def on_event(event, fields):
-    """Update the metrics an event concerns."""
-    handler = _HANDLERS.get(event)
-    if handler is not None:
-        handler(fields)
-
-
 def _run_finished(fields):
     workflow, status = fields["workflow"], fields["status"]
     WORKFLOW_RUNS.labels(workflow, status).inc()
@@ -169,7 +162,8 @@ def _db_recovered(fields):
     DB_OUTAGE.labels(_runner).set(0)
 
 
-_HANDLERS = {
+#: How each event the metrics concern updates them: event name → handler(fields).
+on_event = {
     **{f"run_{status}": _run_finished for status in events.FINISHED},
     "run_crashed": _run_crashed,
     "step_recorded": _step_recorded,

@@ -14,17 +14,13 @@ import sys
 
 from everystep import events
 
-_REPORTED = ("run_failed", "run_crashed")
-
 
 def install():
     """Subscribe the reports to the engine's events; idempotent."""
     events.subscribe(on_event)
 
 
-def on_event(event, fields):
-    if event not in _REPORTED:
-        return
+def _failed(fields):
     exception = fields.get("exception")
     if exception is not None:
         report(exception, fields["workflow"], fields["run_id"], fields["worker"])
@@ -43,3 +39,7 @@ def report(exception, workflow, run_id, worker):
         scope.set_tag("everystep.workflow", workflow)
         scope.set_tag("everystep.worker", worker)
         sentry_sdk.capture_exception(exception)
+
+
+#: What is reported: a run that failed, and one the engine failed after an error of its own.
+on_event = {"run_failed": _failed, "run_crashed": _failed}

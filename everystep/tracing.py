@@ -53,12 +53,6 @@ def current_context():
     return carrier or None
 
 
-def on_event(event, fields):
-    handler = _HANDLERS.get(event)
-    if handler is not None:
-        handler(fields)
-
-
 def _tracer():
     """The tracer ``everystep``, made once: a proxy until the application
     sets its tracer provider, then that provider's."""
@@ -175,7 +169,8 @@ def _stack():
     return stack
 
 
-_HANDLERS = {
+#: How each event opens, marks or ends spans: event name → handler(fields).
+on_event = {
     "attempt_started": _attempt_started,
     "attempt_ended": _attempt_ended,
     **{f"run_{status}": _run_finished for status in events.FINISHED},
