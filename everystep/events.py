@@ -149,6 +149,12 @@ def unsubscribe(subscriber):
         _route()
 
 
+def wanted(event):
+    """Whether announcing `event` would reach anyone: a subscriber of it, or
+    the log at its level. What nobody wants need not be announced."""
+    return event in _routes or logger.isEnabledFor(EVENTS[event].level)
+
+
 def _route():
     """Rebuild the handlers of each event from the subscribers, copy on
     write: `announce` reads a mapping nobody changes."""

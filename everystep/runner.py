@@ -150,13 +150,14 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
     if unsafe_to_repeat:
         _record(run, step, Step.Status.STARTED, None, None, update=False)
 
-    events.announce(
-        "step_started",
-        run_id=run.workflow_id,
-        workflow=run.workflow_name,
-        step_id=step_id,
-        step=name,
-    )
+    if events.wanted("step_started"):  # for spans and the DEBUG log: skipped if neither wants it
+        events.announce(
+            "step_started",
+            run_id=run.workflow_id,
+            workflow=run.workflow_name,
+            step_id=step_id,
+            step=name,
+        )
     try:
         outcome = _call_and_record(ctx, step, func, args, kwargs, unsafe_to_repeat or rerun_started)
     except BaseException as exc:
