@@ -64,14 +64,12 @@ class Workflow(models.Model):
         # catchup's (running runs by worker name) leave the finished runs
         # out, which each backend does its own way: migrations 0002 and 0003.
         # The operator UI lists runs newest first by id (a UUIDv7, so in
-        # creation order) and seeks each filter's runs, and counts them per
-        # status, through one of these (migration 0007).
+        # creation order) and seeks each filter's runs through one of these;
+        # the status filter's own indexes hold
+        # the finished runs only, each backend its own way (migration 0007).
         indexes = [
-            models.Index(fields=["status", "id"], name="everystep_run_status"),
             models.Index(fields=["name", "id"], name="everystep_run_name"),
-            models.Index(fields=["name", "status", "id"], name="everystep_run_name_status"),
             models.Index(fields=["claimed_by", "id"], name="everystep_run_worker"),
-            models.Index(fields=["claimed_by", "status", "id"], name="everystep_run_worker_status"),
             models.Index(fields=["idempotency_key"], name="everystep_run_key"),
         ]
 
