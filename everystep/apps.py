@@ -23,12 +23,11 @@ class EverystepConfig(AppConfig):
         from django.db.backends.signals import connection_created
         from django.utils.module_loading import autodiscover_modules
 
-        from everystep import retry, sessions, timeouts
+        from everystep import sessions, timeouts
 
         receivers = (
             timeouts.on_connection_created,
             sessions.on_connection_created,
-            retry.on_connection_created,
         )
         for receiver in receivers:
             connection_created.connect(receiver, dispatch_uid=receiver.__module__)

@@ -154,12 +154,6 @@ class _Outage:
 outage = _Outage()
 
 
-# One receiver notes each new connection's session and the outage
-# generation it opened in (`everystep.sessions.Note`); connected under this
-# name too, it is still connected once (the same dispatch uid).
-on_connection_created = sessions.on_connection_created
-
-
 def replace_if_outage(seen):
     """Reset this thread's connection if an outage began since generation
     `seen` (it may be cut off silently); returns the generation now."""
