@@ -110,8 +110,13 @@ def test_every_page_renders_and_is_kept_as_a_screenshot(operator, live_server, c
     screenshot(operator, "ui-blocked")
 
     operator.get(f"{live_server.url}/everystep/workers")
-    lost = operator.find_element(By.CSS_SELECTOR, 'tr[data-worker="worker-gone"]')
-    assert "Requeue 1 run" in lost.text
+    wait_for(
+        operator,
+        lambda d: (
+            "Requeue 1 run" in d.find_element(By.CSS_SELECTOR, 'tr[data-worker="worker-gone"]').text
+        ),
+        message="the lost worker's row with its requeue button",
+    )
     screenshot(operator, "ui-workers")
     no_console_errors(operator)
 

@@ -97,11 +97,14 @@ FILTERS = {
 }
 
 
-@pytest.mark.parametrize("name", FILTERS)
-def test_each_filters_page_is_read_through_an_index(history, name):
-    run_filter, may_sort = FILTERS[name]
-    sql = page_query(run_filter)
-    assert whole_table_or_sort(plan(sql), may_sort) == [], f"{name}: {sql}"
+def test_each_filters_page_is_read_through_an_index(history):
+    problems = {}
+    for name, (run_filter, may_sort) in FILTERS.items():
+        sql = page_query(run_filter)
+        found = whole_table_or_sort(plan(sql), may_sort)
+        if found:
+            problems[name] = f"{found}: {sql}"
+    assert problems == {}
 
 
 @pytest.mark.backends("postgres", "mariadb")

@@ -29,6 +29,11 @@ from tests.zipapp import clean_environment, one_line_error, run_pyz, workflow_en
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+# What does not depend on the database server — the command line's refusals,
+# the login form, the assets, the signals, read-only — runs on one backend;
+# listing runs, the stream and the secrets in the log run on every one.
+ANY_BACKEND = pytest.mark.backends("sqlite")
+
 STATIC = REPO / "everystep" / "static" / "everystep"
 STOP_DEADLINE = 10.0  # seconds from the signal to the exit
 LIVE_DEADLINE = 2.0  # seconds from a change to its event (SPEC §12)
@@ -191,6 +196,7 @@ def run_ui(pyz, tmp_path, *flags, **variables):
     return run_pyz(pyz, "ui", *flags, env=env, cwd=tmp_path, timeout=60)
 
 
+@ANY_BACKEND
 @pytest.mark.parametrize("password", [None, ""], ids=["unset", "empty"])
 def test_without_a_password_ui_exits_2_with_one_line_naming_everystep_ui_password(
     pyz, tmp_path, password
@@ -205,6 +211,7 @@ def test_without_a_password_ui_exits_2_with_one_line_naming_everystep_ui_passwor
     assert result.stdout == ""
 
 
+@ANY_BACKEND
 @pytest.mark.parametrize(
     "flags, variables, fragment",
     [
@@ -227,6 +234,7 @@ def test_a_bad_read_only_flag_or_port_exits_2_with_one_line_naming_it(
     assert fragment in one_line_error(result)
 
 
+@ANY_BACKEND
 def test_a_port_already_in_use_exits_2_with_one_line_saying_it_cannot_listen(pyz, tmp_path):
     """A port another process listens on is refused in one line naming it."""
     with socket.socket() as taken:
@@ -279,6 +287,7 @@ def test_every_page_needs_the_password_and_the_api_lists_runs_by_basic_auth(
     assert done["steps"] == {"total": 2, "done": 1, "failed": 1}
 
 
+@ANY_BACKEND
 def test_the_login_form_signs_in_with_its_csrf_token_and_a_wrong_password_is_refused(start_ui):
     """A real form POST with the token from the form and its cookie signs
     admin in; a wrong password gets the form again with 401."""
@@ -309,6 +318,7 @@ def test_the_login_form_signs_in_with_its_csrf_token_and_a_wrong_password_is_ref
     assert browser.get("/api/runs").status == 200
 
 
+@ANY_BACKEND
 def test_a_login_post_without_the_csrf_token_is_refused(start_ui):
     """The login form's POST is CSRF-checked: without the token it is 403."""
     ui = start_ui()
@@ -358,6 +368,7 @@ def test_the_ui_and_database_passwords_never_reach_the_log_even_at_debug(start_u
     assert not leaked, f"secrets in the log: {leaked}\n{log}"  # ...but no secret
 
 
+@ANY_BACKEND
 def test_the_assets_are_served_from_inside_the_zipapp(start_ui, tmp_path):
     """htmx, the UI's script and its stylesheet come from the zipapp itself,
     with nothing of the repository on its path, to anyone."""
@@ -394,6 +405,7 @@ def test_the_stream_sends_a_change_at_once_and_a_new_run_within_two_seconds(star
         stream.close()
 
 
+@ANY_BACKEND
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_with_a_stream_open_ends_the_stream_and_exits_0(start_ui, sig):
     """SIGTERM or SIGINT ends the open stream and the UI exits 0 within the
@@ -422,6 +434,7 @@ def requeue_lost_worker(ui, name):
     return operator.post("/workers/requeue", {"csrfmiddlewaretoken": token, "worker": name}), page
 
 
+@ANY_BACKEND
 def test_a_read_only_ui_refuses_a_requeue_with_403_and_changes_nothing(start_ui):
     """EVERYSTEP_UI_READ_ONLY=true: no requeue button, and a forged requeue
     POST with a valid CSRF token is 403 naming read-only; the run stays parked."""
@@ -438,6 +451,7 @@ def test_a_read_only_ui_refuses_a_requeue_with_403_and_changes_nothing(start_ui)
     assert (parked.status, parked.claimed_by) == ("running", "w-gone")
 
 
+@ANY_BACKEND
 def test_with_actions_enabled_the_same_requeue_puts_the_lost_workers_runs_back(start_ui):
     """The same POST on a UI that is not read-only requeues the parked run:
     the read-only refusal above is read-only's doing."""

@@ -388,3 +388,19 @@ def test_read_only_removes_every_action(calls):
     assert response.status_code == 403
     run.refresh_from_db()
     assert run.status == Workflow.Status.BLOCKED
+
+
+def test_a_workers_age_alone_does_not_make_the_stream_send_them_again():
+    import datetime
+
+    from django.utils import timezone
+
+    from everystep import store
+    from everystep.ui import snapshots
+
+    store.worker_started("w-steady", 4, ["tests.workflows.quick"])
+    now = timezone.now()
+    first = snapshots.encoded(snapshots.workers(now))
+    later = snapshots.encoded(snapshots.workers(now + datetime.timedelta(seconds=10)))
+    assert first[0] != later[0]  # the age shown did change
+    assert first[1] == later[1]  # but nothing a page must be sent again for

@@ -84,11 +84,25 @@ def public(data):
     return {key: value for key, value in data.items() if not key.startswith("_")}
 
 
+#: Fields that change with the clock alone: left out of the digest, so that
+#: a page is not sent the same workers again every second.
+CLOCK_FIELDS = {"heartbeat_age"}
+
+
 def encoded(data):
     """`data` (public) as the stream sends it, and its digest: the event id,
     which a page also carries, so that its stream sends only what is newer."""
     text = readable_json(public(data))
-    return text, hashlib.sha256(text.encode()).hexdigest()[:20]
+    stable = readable_json(_without_clock_fields(public(data)))
+    return text, hashlib.sha256(stable.encode()).hexdigest()[:20]
+
+
+def _without_clock_fields(value):
+    if isinstance(value, dict):
+        return {k: _without_clock_fields(v) for k, v in value.items() if k not in CLOCK_FIELDS}
+    if isinstance(value, list):
+        return [_without_clock_fields(item) for item in value]
+    return value
 
 
 def _seconds(step):
