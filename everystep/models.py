@@ -65,8 +65,9 @@ class Workflow(models.Model):
         # out, which each backend does its own way: migrations 0002 and 0003.
         # The operator UI lists runs newest first by id (a UUIDv7, so in
         # creation order) and seeks each filter's runs through one of these;
-        # the status filter's own indexes hold
-        # the finished runs only, each backend its own way (migration 0007).
+        # the status filter's own indexes hold the finished runs only, each
+        # backend its own way (migration 0007), and so do the indexes of the
+        # counts per status under a workflow or worker filter (0008).
         indexes = [
             models.Index(fields=["name", "id"], name="everystep_run_name"),
             models.Index(fields=["claimed_by", "id"], name="everystep_run_worker"),

@@ -144,10 +144,13 @@ def status_counts(run_filter=RunFilter(), cap=COUNT_CAP):
     """``{status: count}`` of the runs matching `run_filter` (its own status
     filter aside), each count stopping at `cap` + 1: a count above `cap`
     means "more than `cap`"."""
-    # Counted in id order, as the list reads them: every index that serves
-    # a filter is ordered by id, and the order tells MariaDB to walk the one
-    # that also bounds the creation time rather than all of a status's runs.
-    runs = run_filter.queryset(with_status=False).order_by("id")
+    runs = run_filter.queryset(with_status=False)
+    if run_filter.created_after or run_filter.created_before:
+        # Counted in id order, which leads the planners to an index whose
+        # id range the time bounds cut short, rather than all of a status's
+        # runs. Without time bounds the order would only lead SQLite astray,
+        # to the primary key, from the indexes led by the status.
+        runs = runs.order_by("id")
     return {status: runs.filter(status=status)[: cap + 1].count() for status in STATUSES}
 
 
@@ -184,7 +187,9 @@ def runs_held(names):
     each name (what a live worker is running, or a lost one left parked)."""
     held = {name: [] for name in names}
     rows = Workflow.objects.filter(status=Workflow.Status.RUNNING, claimed_by__in=list(names))
-    for run_id, name in rows.order_by("id").values_list("id", "claimed_by"):
+    # Sorted here: ordered by id, SQLite would read the primary key, every
+    # run, rather than the running runs' index.
+    for run_id, name in sorted(rows.values_list("id", "claimed_by")):
         held[name].append(run_id)
     return held
 

@@ -321,6 +321,8 @@ def _timed(func):
 
 
 EXPLAIN = {"postgresql": "EXPLAIN ", "mysql": "EXPLAIN ", "sqlite": "EXPLAIN QUERY PLAN "}
+# Indexes that hold only the unfinished runs (on MariaDB/MySQL, the claim's,
+# led by the status); SQLite is told which (store._queue_index).
 QUEUE_INDEXES = {
     "postgresql": (
         "everystep_workflow_scheduled",
@@ -334,13 +336,21 @@ QUEUE_INDEXES = {
         "everystep_workflow_blocked",
     ),
 }
+# Indexes of every run led by the status (migration 0008): a planner with
+# statistics may read one status's range of them instead, as cheaply.
+LED_BY_STATUS = ("everystep_run_status_name", "everystep_run_status_worker")
 
 
 def assert_read_from_an_unfinished_runs_index(sql):
     with connection.cursor() as cursor:
         cursor.execute(EXPLAIN[connection.vendor] + sql)
         plan = "\n".join(" ".join(str(cell) for cell in row) for row in cursor.fetchall())
-    assert any(index in plan for index in QUEUE_INDEXES[connection.vendor]), f"{sql}\n{plan}"
+    led_by_status = connection.vendor != "sqlite" and any(i in plan for i in LED_BY_STATUS)
+    if led_by_status:
+        sought = "Index Cond: (status" if connection.vendor == "postgresql" else " ref "
+        assert sought in plan, f"not one status's range: {sql}\n{plan}"
+    else:
+        assert any(index in plan for index in QUEUE_INDEXES[connection.vendor]), f"{sql}\n{plan}"
     if connection.vendor == "postgresql":
         assert "Index Only Scan" in plan and "Seq Scan" not in plan, f"{sql}\n{plan}"
     elif connection.vendor == "mysql":
