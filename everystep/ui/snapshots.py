@@ -92,9 +92,12 @@ CLOCK_FIELDS = {"heartbeat_age"}
 def encoded(data):
     """`data` (public) as the stream sends it, and its digest: the event id,
     which a page also carries, so that its stream sends only what is newer."""
-    text = readable_json(public(data))
-    stable = readable_json(_without_clock_fields(public(data)))
-    return text, hashlib.sha256(stable.encode()).hexdigest()[:20]
+    shown = public(data)
+    stable = _without_clock_fields(shown)
+    stable_text = readable_json(stable)
+    # Encoded twice only where the data holds clock fields (the workers).
+    text = stable_text if stable == shown else readable_json(shown)
+    return text, hashlib.sha256(stable_text.encode()).hexdigest()[:20]
 
 
 def _without_clock_fields(value):
