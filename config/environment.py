@@ -64,12 +64,9 @@ def _flag(variable):
 def _port(variable):
     def convert(value):
         try:
-            number = int(value)
-        except (TypeError, ValueError):
-            number = None
-        if number is None or not 1 <= number <= 65535:
-            raise ConfigError(f"{variable}={value!r} is not a port number (1 to 65535)")
-        return number
+            return options.port_number(value)
+        except ValueError as exc:
+            raise ConfigError(f"{variable}={value!r} {exc}") from None
 
     return convert
 

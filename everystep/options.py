@@ -49,7 +49,9 @@ def _boolean(value):
     raise ValueError("is not a boolean: use true or false")
 
 
-def _port(value):
+def port_number(value):
+    """`value` as a TCP port number (None stays None); `ValueError` saying
+    what is wrong otherwise. Every port option and variable reads it."""
     if value is None:
         return None
     try:
@@ -142,7 +144,7 @@ OPTIONS = (
         "metrics_port",
         "--metrics-port",
         "EVERYSTEP_METRICS_PORT",
-        _port,
+        port_number,
         "serve /metrics, /healthz and /readyz on this port (off when unset)",
     ),
     Option(

@@ -42,12 +42,9 @@ def limit(text):
 def port(text):
     """`ui --port`: a port number."""
     try:
-        number = int(text)
-    except ValueError:
-        number = None
-    if number is None or not 1 <= number <= 65535:
-        raise argparse.ArgumentTypeError("must be a port number, 1 to 65535")
-    return number
+        return options.port_number(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser():
