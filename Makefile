@@ -43,21 +43,12 @@ pyz:
 $(PYZ): $(PYZ_SOURCES)
 	scripts/build-pyz $(PYTHON) $@
 
-# The zipapp is built first: the suite runs it as a user would. Every backend
-# runs even when an earlier one fails, so one run shows them all.
+# The zipapp is built first: the suite runs it as a user would. The
+# backends run side by side, and every one runs to its end even when another
+# fails, so one run shows them all.
 test: venv $(PYZ)
 	scripts/install-test-deps
-	@failed=0; summary=""; \
-	for backend in $(BACKENDS); do \
-		echo "=== backend: $$backend ==="; \
-		if EVERYSTEP_TEST_DB=$$backend $(VENV)/bin/pytest $(PYTEST_ARGS); then \
-			summary="$$summary$$backend: passed\n"; \
-		else \
-			summary="$$summary$$backend: FAILED (exit $$?)\n"; failed=1; \
-		fi; \
-	done; \
-	echo "=== summary ==="; printf "$$summary"; \
-	exit $$failed
+	scripts/test-backends $(VENV)/bin/pytest $(BACKENDS) -- $(PYTEST_ARGS)
 
 # A throwaway PostgreSQL and MariaDB, default durability; about 15 minutes.
 # `make bench BENCH_ARGS=--quick` for a smoke run.
