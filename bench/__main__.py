@@ -10,7 +10,7 @@ in its module's docstring:
     steps       bench.steps, bench.limits   physical limit, recorded step cost
     throughput  bench.throughput            worker processes draining a queue
     pickup      bench.pickup                schedule() to first step, idle worker
-    claims      bench.claims                claim latency with 1,000,000 finished runs
+    claims      bench.claims                claim latency with 1,000,000 finished, then future, runs
     ui          bench.ui                    operator UI pages with 1,000,000 runs
     replay      bench.replay                resuming a run of 1,000 recorded steps
     footprint   bench.footprint             worker start-up and memory

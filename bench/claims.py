@@ -1,13 +1,15 @@
-"""The claim at scale: does a claim slow down as finished runs pile up?
+"""The claim at scale: does a claim slow down as finished runs, or runs
+waiting for a later time, pile up?
 
-`store.claim(name, 8)` is timed on an idle queue (nothing scheduled) and
-with 8 runs scheduled, first with an empty table, then again after
-1,000,000 terminal runs (status ``completed``) were bulk-loaded with one
-``INSERT … SELECT generate_series`` and the table ANALYZEd (and a
-CHECKPOINT taken, so that the load's writes are not flushed under the timed
-claims). Each figure is
-the median of `samples` claims; the 8 runs are scheduled before and deleted
-after each timed claim. The ratio full/empty should stay under 1.5.
+`store.claim(name, 8)` is timed on an idle queue (nothing due) and with 8
+runs scheduled, first with an empty table, then again after 1,000,000
+terminal runs (status ``completed``) were bulk-loaded with one ``INSERT …
+SELECT generate_series`` and the table ANALYZEd (and a CHECKPOINT taken, so
+that the load's writes are not flushed under the timed claims), and then
+again after 1,000,000 scheduled runs due tomorrow and later (delayed
+starts, sleeps) were loaded the same way. Each figure is the median of
+`samples` claims; the 8 runs are scheduled before and deleted after each
+timed claim. Each ratio to the empty table should stay under 1.5.
 """
 
 import time
@@ -39,15 +41,34 @@ def claim_latency(samples, waiting):
 def load_finished_runs(count):
     """Bulk-load `count` completed runs in one statement, then ANALYZE
     (PostgreSQL only)."""
+    _load(
+        count,
+        "SELECT gen_random_uuid(), 'bench.workflows.one_step', '[]', 'completed', "
+        "now() - make_interval(secs => g), now() - make_interval(secs => g), now() "
+        "FROM generate_series(1, %s) g",
+    )
+
+
+def load_future_runs(count):
+    """Bulk-load `count` scheduled runs due from tomorrow on, one a second,
+    in one statement, then ANALYZE (PostgreSQL only)."""
+    _load(
+        count,
+        "SELECT gen_random_uuid(), 'bench.workflows.one_step', '[]', 'scheduled', "
+        "now(), now() + interval '1 day' + make_interval(secs => g), NULL "
+        "FROM generate_series(1, %s) g",
+    )
+
+
+def _load(count, select):
     if connection.vendor != "postgresql":
         raise NotImplementedError(
             f"the bulk load is written for PostgreSQL, not {connection.vendor}"
         )
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO everystep_workflow (id, name, args, status, created_at, completed_at) "
-            "SELECT gen_random_uuid(), 'bench.workflows.one_step', '[]', 'completed', "
-            "now() - make_interval(secs => g), now() FROM generate_series(1, %s) g",
+            "INSERT INTO everystep_workflow "
+            "(id, name, args, status, created_at, run_at, completed_at) " + select,
             [count],
         )
         cursor.execute("ANALYZE everystep_workflow")
@@ -62,9 +83,15 @@ def measure(samples=200, finished=1_000_000):
     load_finished_runs(finished)
     loaded = time.perf_counter() - began
     full_idle, full_busy = claim_latency(samples, 0), claim_latency(samples, 8)
+    load_future_runs(finished)
+    future_idle, future_busy = claim_latency(samples, 0), claim_latency(samples, 8)
     return {
         "finished_runs": finished,
         "load_seconds": loaded,
+        "future_idle_us": future_idle * 1e6,
+        "future_8_waiting_us": future_busy * 1e6,
+        "ratio_future_idle": future_idle / empty_idle,
+        "ratio_future_8_waiting": future_busy / empty_busy,
         "empty_idle_us": empty_idle * 1e6,
         "empty_8_waiting_us": empty_busy * 1e6,
         "full_idle_us": full_idle * 1e6,

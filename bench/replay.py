@@ -36,7 +36,7 @@ def measure(count=1000, repeat=5):
         if status != "completed":
             raise RuntimeError(f"the replayed run ended {status}")
         began = time.perf_counter()
-        loaded = store.load_outcomes(run.id)
+        loaded, _ = store.load_outcomes(run.id)
         load = time.perf_counter() - began
         if len(loaded) != count:
             raise RuntimeError(f"{len(loaded)} recorded steps, expected {count}")

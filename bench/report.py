@@ -291,7 +291,7 @@ def _claims(t, get):
     p = "claims.postgres"
     if get(f"{p}.empty_idle_us") is None:
         return
-    t.heading("postgres: claim of 8 as finished runs pile up")
+    t.heading("postgres: claim of 8 as finished and future runs pile up")
     finished = number(get(f"{p}.finished_runs"))
     for case, label in (("8_waiting", "8 runs waiting"), ("idle", "nothing waiting")):
         empty, full = get(f"{p}.empty_{case}_us"), get(f"{p}.full_{case}_us")
@@ -304,6 +304,16 @@ def _claims(t, get):
             full / 1e6,
             note=f"ratio {ratio:.2f}, target < 1.5: {verdict(ratio < 1.5)}",
         )
+        future = get(f"{p}.future_{case}_us")
+        if future is not None:
+            ratio = get(f"{p}.ratio_future_{case}")
+            t.row(
+                f"{label}, and {finished} runs due tomorrow or later",
+                future,
+                "µs",
+                future / 1e6,
+                note=f"ratio to the empty table {ratio:.2f}, target < 1.5: {verdict(ratio < 1.5)}",
+            )
 
 
 UI_PAGES = (

@@ -231,7 +231,7 @@ def fill_statement(sql, count, first, last, start_ms, step_ms):
     args = sql.json(sql.concat(literal('[{"id": '), sql.text("i"), literal("}]")))
     return f"""
         INSERT INTO everystep_workflow (id, name, args, idempotency_key, status, claimed_by,
-            result, error, created_at, claimed_at, completed_at)
+            result, error, created_at, run_at, claimed_at, completed_at)
         SELECT {sql.run_id("ms")},
             {pick("(i * 1103 + 12345) % 9973", WORKFLOWS)},
             {args},
@@ -240,6 +240,7 @@ def fill_statement(sql, count, first, last, start_ms, step_ms):
             CASE WHEN status <> 'scheduled' THEN {pick("(i * 7717) % 9967", WORKERS)} END,
             CASE WHEN status = 'completed' THEN {sql.json(literal('{"charge": "ch-1"}'))} END,
             CASE status {errors} END,
+            {sql.moment("ms")},
             {sql.moment("ms")},
             CASE WHEN status <> 'scheduled' THEN {sql.moment("ms + 40")} END,
             CASE WHEN status NOT IN ('scheduled', 'running')

@@ -27,10 +27,13 @@ _NAMES = {
     "step": "everystep.api",
     "parallel": "everystep.api",
     "schedule": "everystep.api",
+    "sleep": "everystep.api",
     "Terminal": "everystep.errors",
 }
 _SUBMODULES = {
     "api",
+    "attempts",
+    "clock",
     "context",
     "deadline",
     "endpoint",

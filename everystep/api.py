@@ -1,4 +1,4 @@
-"""The public surface: `workflow`, `step`, `parallel`, `schedule`.
+"""The public surface: `workflow`, `step`, `parallel`, `schedule`, `sleep`.
 
 Outside a running workflow every decorated function is a plain function;
 inside one, step calls are recorded and replayed by `everystep.runner`.
@@ -9,8 +9,9 @@ import contextvars
 import functools
 import sys
 import threading
+import time
 
-from everystep import context, events, registry
+from everystep import attempts, clock, context, events, registry
 from everystep.errors import EngineSignal, EverystepError, Terminal
 
 
@@ -24,8 +25,16 @@ def workflow(func):
     return func
 
 
-def step(func=None, *, unsafe_to_repeat=False):
-    """Mark a function as a step: bare ``@step`` or ``@step(unsafe_to_repeat=True)``.
+def step(
+    func=None,
+    *,
+    unsafe_to_repeat=False,
+    retries=0,
+    backoff=1.0,
+    max_backoff=300.0,
+    retry_on=(Exception,),
+):
+    """Mark a function as a step: bare ``@step`` or ``@step(...)``.
 
     Inside a running workflow each call is recorded once and served from the
     record on replay; a call may pass ``everystep_id="name"`` to take a stable
@@ -34,12 +43,28 @@ def step(func=None, *, unsafe_to_repeat=False):
     workflow, and inside another step's function, the function runs as a
     plain call and ``everystep_id`` is dropped.
 
+    With `retries`, a call that raises one of `retry_on` is called again, up
+    to `retries` more times, `backoff` × 2^k seconds apart (capped at
+    `max_backoff`, jittered): in place for a wait up to a second, else
+    durably, the run leaving its worker until then. `Terminal` is never
+    retried, nor an unsafe step whose outcome is unknown. The step's record
+    keeps the number of attempts and, while it waits, the last error. Bad
+    options raise `EverystepError` when the function is decorated.
+
     A step called while the workflow body is inside ``transaction.atomic()``
     raises `EverystepError` before anything runs: its record would ride the
     body's transaction and vanish with it.
     """
+    retry_policy = attempts.policy(retries, backoff, max_backoff, retry_on)
     if func is None:
-        return functools.partial(step, unsafe_to_repeat=unsafe_to_repeat)
+        return functools.partial(
+            step,
+            unsafe_to_repeat=unsafe_to_repeat,
+            retries=retries,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            retry_on=retry_on,
+        )
 
     name = registry.qualified_name(func)
 
@@ -53,7 +78,9 @@ def step(func=None, *, unsafe_to_repeat=False):
         runner.refuse_inside_transaction("a step")
 
         step_id = ctx.next_step_id(everystep_id)
-        return runner.run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat)
+        return runner.run_step(
+            ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, retry_policy
+        )
 
     recorded.__everystep_step__ = name
     return recorded
@@ -126,13 +153,15 @@ def parallel(*branches, everystep_id=None):
     return tuple(results)
 
 
-def schedule(workflow_func, *args, idempotency_key=None):
+def schedule(workflow_func, *args, idempotency_key=None, run_at=None, delay=None):
     """Insert a ``scheduled`` run of `workflow_func` in the caller's current
     transaction and return its `everystep.models.Workflow` row.
 
     The run is claimable once that transaction commits and gone if it rolls
-    back. With `idempotency_key`, scheduling the same workflow with the same
-    key again, concurrently or later, returns the existing run.
+    back; with `run_at` (an aware datetime) or `delay` (a `timedelta` or
+    seconds), not before that time. With `idempotency_key`, scheduling the
+    same workflow with the same key again, concurrently or later, returns
+    the existing run.
     """
     name = getattr(workflow_func, "__everystep_workflow__", None)
     if name is None:
@@ -141,10 +170,31 @@ def schedule(workflow_func, *args, idempotency_key=None):
         isinstance(idempotency_key, str) and 0 < len(idempotency_key) <= 255
     ):
         raise EverystepError("idempotency_key must be a non-empty string of at most 255 characters")
+    due = clock.due_time(run_at, delay)
     from everystep import serde, store, tracing
 
     serde.to_json(list(args))  # refuse bad arguments before touching the database
-    return store.insert_run(name, list(args), idempotency_key, tracing.current_context())
+    return store.insert_run(name, list(args), idempotency_key, tracing.current_context(), due)
+
+
+def sleep(duration, everystep_id=None):
+    """Pause the running workflow for `duration` (a `timedelta` or seconds),
+    durably: the run records its wake time as a step, leaves its worker —
+    freeing the pool slot — and resumes on any worker once that time has
+    passed. On replay, a sleep whose wake time has passed returns at once.
+    It takes a step id like a step (`everystep_id` names it).
+
+    Outside a workflow, and inside a step's function, it is `time.sleep`.
+    """
+    seconds = clock.seconds(duration, "the sleep's duration")
+    ctx = context.current()
+    if ctx is None or not ctx.recording:
+        time.sleep(seconds)
+        return
+    from everystep import runner
+
+    runner.refuse_inside_transaction("sleep()")
+    runner.sleep(ctx, ctx.next_step_id(everystep_id), seconds)
 
 
 def _check_branch(branch):

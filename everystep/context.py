@@ -53,6 +53,8 @@ class RunState:
     claim_token: uuid.UUID | None
     worker: str | None = None
     outcomes: dict = dataclasses.field(default_factory=dict)
+    #: Step id → calls made so far, for the steps a retry policy called again.
+    attempts: dict = dataclasses.field(default_factory=dict)
     draining: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 

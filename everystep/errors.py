@@ -87,6 +87,20 @@ class DrainOrphan(EngineSignal):
     step boundary and resumes from its recorded steps on any worker."""
 
 
+class Sleeping(EngineSignal):
+    """The run sleeps (`everystep.sleep`): it leaves its worker and is
+    scheduled again to wake at `wake_at`, on any worker."""
+
+    def __init__(self, workflow_id, step_id, wake_at):
+        super().__init__(workflow_id, step_id, wake_at)
+        self.workflow_id = workflow_id
+        self.step_id = step_id
+        self.wake_at = wake_at
+
+    def __str__(self):
+        return f"run {self.workflow_id} sleeps at step {self.step_id} until {self.wake_at}"
+
+
 class SimulatedCrash(EngineSignal):
     """Raised by a test's `everystep.runner.fault` hook: the run is left exactly
     as a process death at that instant would leave it."""

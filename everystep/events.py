@@ -64,6 +64,12 @@ EVENTS = {
         "run {run_id} step {step_id} {step} {status} in {seconds:.3f}s",
         hidden=("exception",),
     ),
+    "step_retrying": Event(
+        WARNING,
+        "run {run_id} step {step_id} {step} failed (attempt {attempt} of {attempts}): "
+        "{error}; retrying in {seconds:.1f}s",
+        hidden=("exception",),
+    ),
     "step_unrecorded": Event(
         DEBUG, "run {run_id} step {step_id} ended unrecorded: {exception!r}", hidden=("exception",)
     ),
@@ -82,6 +88,7 @@ EVENTS = {
         for status in FINISHED
     },
     "run_requeued": Event(INFO, "run {run_id} requeued {reason}"),
+    "run_sleeping": Event(INFO, "run {run_id} {workflow} sleeps at step {step_id} until {wake_at}"),
     "run_released": Event(
         WARNING,
         "run {run_id}: workflow {workflow} is not registered in worker {worker}; "

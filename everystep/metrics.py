@@ -117,6 +117,12 @@ def _step_recorded(fields):
 _step_children = {}  # (workflow, step, status) → the step metrics' labelled children
 
 
+def _step_retrying(fields):
+    """A failed call that its retry policy calls again: counted as
+    ``retrying``, apart from the step's final outcome."""
+    STEP_RUNS.labels(fields["workflow"], fields["step"], "retrying").inc()
+
+
 def _claim(fields):
     runner = fields["worker"]
     CLAIMS.labels(runner).inc(fields["count"])
@@ -167,6 +173,7 @@ on_event = {
     **{f"run_{status}": _run_finished for status in events.FINISHED},
     "run_crashed": _run_crashed,
     "step_recorded": _step_recorded,
+    "step_retrying": _step_retrying,
     "claim": _claim,
     "attempt_ended": _attempt_ended,
     "run_requeued": _requeued,

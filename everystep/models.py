@@ -47,6 +47,10 @@ class Workflow(models.Model):
     result = EncodedJSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    #: Not claimed before this time: the creation time, or later for a
+    #: delayed start, a durable sleep or a retry's wait. Scheduled runs are
+    #: claimed in this order.
+    run_at = models.DateTimeField(default=timezone.now)
     claimed_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
     #: The W3C trace context of the code that scheduled the run (§11), so
@@ -60,7 +64,7 @@ class Workflow(models.Model):
                 fields=["name", "idempotency_key"], name="everystep_workflow_idempotency"
             ),
         ]
-        # The claim's index (scheduled runs in creation order) and the
+        # The claim's index (scheduled runs by due time) and the
         # catchup's (running runs by worker name) leave the finished runs
         # out, which each backend does its own way: migrations 0002 and 0003.
         # The operator UI lists runs newest first by id (a UUIDv7, so in
@@ -85,6 +89,8 @@ class Step(models.Model):
         DONE = "done"
         FAILED = "failed"
         STARTED = "started"
+        #: It failed and will be called again at the time in `result`.
+        RETRYING = "retrying"
 
     # The unique (workflow, step_id) index serves lookups by workflow, so the
     # foreign key needs no index of its own (one less index per step write).
@@ -100,6 +106,9 @@ class Step(models.Model):
     error = models.JSONField(null=True, blank=True)
     started_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+    #: How many times the function was called (a retried step's calls);
+    #: `error` holds the last one's error while it is ``retrying``.
+    attempts = models.IntegerField(default=1)
 
     class Meta:
         db_table = "everystep_step"

@@ -28,7 +28,9 @@ PING_INTERVAL = 10.0
 
 
 class Listener:
-    """A daemon thread that calls `on_notify()` whenever a run is scheduled."""
+    """A daemon thread that calls `on_notify(due)` whenever a run is
+    scheduled: `due` is when it falls due (Unix seconds, as text; migration
+    0009), and `on_notify()` alone after (re)connecting."""
 
     def __init__(self, on_notify, alias="default"):
         self.on_notify = on_notify
@@ -69,8 +71,8 @@ class Listener:
         next_ping = time.monotonic() + PING_INTERVAL
         generation = retry.outage.generation
         while not self._stop.is_set():
-            for _ in raw.notifies(timeout=0.5):
-                self.on_notify()
+            for notification in raw.notifies(timeout=0.5):
+                self.on_notify(notification.payload)
             if retry.outage.generation != generation:
                 sessions.abandon(wrapper)
                 return  # held through an outage: listen again on a new connection

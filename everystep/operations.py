@@ -203,6 +203,7 @@ def run_fields(run):
         "claimed_by": run.claimed_by,
         "idempotency_key": run.idempotency_key,
         "created_at": run.created_at,
+        "run_at": run.run_at,
         "claimed_at": run.claimed_at,
         "completed_at": run.completed_at,
     }
@@ -220,6 +221,7 @@ def step_fields(step):
         "error": step.error,
         "started_at": step.started_at,
         "finished_at": step.finished_at,
+        "attempts": step.attempts,
     }
 
 

@@ -11,10 +11,13 @@ resume — or, when it is unsafe to repeat, the run ends ``blocked``.
 
 How an attempt ends decides the run's state: a return → ``completed``;
 `Terminal` → ``stopped``; `EffectUncertain` → ``blocked``; `DrainOrphan` →
-back to ``scheduled``; any other exception → ``failed``; `SimulatedCrash` →
-untouched, exactly as a dead process would leave it.
+back to ``scheduled``; `Sleeping` → ``scheduled``, due at its wake time;
+any other exception → ``failed``; `SimulatedCrash` → untouched, exactly as
+a dead process would leave it.
 """
 
+import dataclasses
+import datetime
 import logging
 import threading
 import time
@@ -22,7 +25,7 @@ import time
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
-from everystep import context, events, registry, retry, serde, store
+from everystep import attempts, clock, context, events, registry, retry, serde, store
 from everystep.errors import (
     ClaimLost,
     DrainOrphan,
@@ -30,6 +33,7 @@ from everystep.errors import (
     EngineError,
     EverystepError,
     SimulatedCrash,
+    Sleeping,
     Terminal,
     WorkflowCodeError,
 )
@@ -82,9 +86,11 @@ def _attempt(claimed, run):
     started = time.monotonic()
     try:
         if claimed.has_steps is not False:
-            run.outcomes.update(
-                _guarded(lambda attempt: store.load_outcomes(run.workflow_id), "loading steps")
+            outcomes, attempts_made = _guarded(
+                lambda attempt: store.load_outcomes(run.workflow_id), "loading steps"
             )
+            run.outcomes.update(outcomes)
+            run.attempts.update(attempts_made)
         events.announce(
             "attempt_started",
             run_id=run.workflow_id,
@@ -103,6 +109,18 @@ def _attempt(claimed, run):
         return _finish(run, Status.STOPPED, started, error=serde.encode_exception(exc))
     except EffectUncertain as exc:
         return _finish(run, Status.BLOCKED, started, error=serde.encode_exception(exc))
+    except Sleeping as exc:
+        if not _move(run, Status.SCHEDULED, "putting to sleep", run_at=exc.wake_at):
+            return _lost(run)
+        events.announce(
+            "run_sleeping",
+            run_id=run.workflow_id,
+            workflow=run.workflow_name,
+            worker=run.worker,
+            step_id=exc.step_id,
+            wake_at=exc.wake_at,
+        )
+        return Status.SCHEDULED
     except DrainOrphan:
         if not _move(run, Status.SCHEDULED, "requeuing"):
             return _lost(run)
@@ -121,11 +139,15 @@ def _attempt(claimed, run):
     return _finish(run, Status.COMPLETED, started, result=result)
 
 
-def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
-    """Execute or replay one step call of the running workflow `ctx`."""
+def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, retry_policy=None):
+    """Execute or replay one step call of the running workflow `ctx`;
+    `retry_policy` (`everystep.attempts.RetryPolicy`) calls it again after
+    the errors it names."""
     run = ctx.run
     recorded = run.outcomes.get(step_id)
-    rerun_started = False
+    attempt = 1
+    row = None  # the status of this step's row, when one is to be updated in place
+    last_error = None  # the error of the last failed call that was retried (JSON text)
     if recorded is not None:
         if recorded["name"] != name:
             raise WorkflowCodeError(
@@ -137,9 +159,16 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
             return recorded["result"]
         if recorded["status"] == Step.Status.FAILED:
             raise serde.decode_exception(recorded["error"])
-        if unsafe_to_repeat:
+        if recorded["status"] == Step.Status.RETRYING:
+            if clock.now() < recorded["result"]:
+                raise Sleeping(run.workflow_id, step_id, recorded["result"])
+            attempt = run.attempts[step_id] + 1
+            last_error = serde.dumps(recorded["error"])
+        elif unsafe_to_repeat:
             raise EffectUncertain(run.workflow_id, step_id)
-        rerun_started = True  # now safe to repeat: run it again, complete its row
+        # A retry that is due, or a started step now safe to repeat: run it
+        # again and update its row.
+        row = recorded["status"]
     if ctx.draining:
         raise DrainOrphan(run.workflow_id, step_id)
 
@@ -147,25 +176,71 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
     step["args"] = serde.dumps(serde.to_json(list(args)))
     step["kwargs"] = serde.dumps(serde.to_json(kwargs))
     serde.check_size(f"the arguments of step {step_id}", step["args"], step["kwargs"])
-    if unsafe_to_repeat:
-        _record(run, step, Step.Status.STARTED, None, None, update=False)
-
-    if events.wanted("step_started"):  # for spans and the DEBUG log: skipped if neither wants it
-        events.announce(
-            "step_started",
-            run_id=run.workflow_id,
-            workflow=run.workflow_name,
-            step_id=step_id,
-            step=name,
-        )
     try:
-        outcome = _call_and_record(ctx, step, func, args, kwargs, unsafe_to_repeat or rerun_started)
+        while True:
+            if unsafe_to_repeat and row != Step.Status.STARTED:
+                # Its effect is claimed before each call: a crash during the
+                # call leaves it started, and the run blocked.
+                _record(run, step, Step.Status.STARTED, None, None, replacing=row, attempts=attempt)
+                row = Step.Status.STARTED
+            outcome = _call(ctx, step, func, args, kwargs)
+            error = outcome.error
+            retrying = retry_policy is not None and retry_policy.retries_after(error, attempt)
+            if fault is not None:
+                fault(ctx, step_id)
+            if not retrying:
+                break
+            wait = retry_policy.wait(attempt)
+            last_error = outcome.error_text
+            _announce_retry(run, step, attempt, retry_policy, error, wait)
+            if wait > attempts.IN_PLACE_SECONDS or ctx.draining:
+                retry_at = clock.now() + datetime.timedelta(seconds=wait)
+                _record(
+                    run,
+                    step,
+                    Step.Status.RETRYING,
+                    serde.dumps(serde.to_json(retry_at)),
+                    outcome.error_text,
+                    replacing=row,
+                    attempts=attempt,
+                )
+                run.outcomes[step_id] = {
+                    "name": name,
+                    "status": Step.Status.RETRYING,
+                    "result": retry_at,
+                    "error": outcome.encoded_error,
+                }
+                run.attempts[step_id] = attempt
+                raise Sleeping(run.workflow_id, step_id, retry_at)
+            if unsafe_to_repeat:  # its outcome is known: it failed, and may run again
+                _record(
+                    run,
+                    step,
+                    Step.Status.RETRYING,
+                    None,
+                    outcome.error_text,
+                    replacing=row,
+                    attempts=attempt,
+                )
+                row = Step.Status.RETRYING
+            time.sleep(wait)
+            attempt += 1
+
+        _record(
+            run,
+            step,
+            outcome.status,
+            outcome.result_text,
+            outcome.error_text or last_error,
+            replacing=row,
+            attempts=attempt,
+        )
     except BaseException as exc:
-        # A step that ran but was not recorded: a crash, a lost claim, an
-        # outcome that cannot be stored. Subscribers close what they opened.
+        # A call that ran but was not recorded: a crash, a lost claim, an
+        # outcome that cannot be stored, a retry's durable wait.
+        # Subscribers close what they opened.
         events.announce("step_unrecorded", run_id=run.workflow_id, step_id=step_id, exception=exc)
         raise
-    status, result, error, encoded_error, seconds = outcome
     events.announce(
         "step_recorded",
         run_id=run.workflow_id,
@@ -173,49 +248,118 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat):
         worker=run.worker,
         step_id=step_id,
         step=name,
-        status=status,
-        seconds=seconds,
+        status=outcome.status,
+        seconds=outcome.seconds,
         exception=error,
     )
     run.outcomes[step_id] = {
         "name": name,
-        "status": status,
-        "result": result,
-        "error": encoded_error,
+        "status": outcome.status,
+        "result": outcome.result,
+        "error": outcome.encoded_error,
     }
     if error is not None:
         raise error
-    return result
+    return outcome.result
 
 
-def _call_and_record(ctx, step, func, args, kwargs, update):
-    """Call a new step's function and record its outcome (§3's order, from
-    the call on). Returns (status, result, error, encoded error, seconds the
-    function took)."""
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+    """What one call of a step's function gave, decoded and as JSON text."""
+
+    status: str
+    result: object
+    error: Exception | None
+    encoded_error: dict | None
+    result_text: str | None
+    error_text: str | None
+    seconds: float
+
+
+def _call(ctx, step, func, args, kwargs):
+    """Call a step's function once, as §3 orders it: announced, outside the
+    recording, its outcome checked for size."""
     run, step_id = ctx.run, step["step_id"]
+    if events.wanted("step_started"):  # for spans and the DEBUG log: skipped if neither wants it
+        events.announce(
+            "step_started",
+            run_id=run.workflow_id,
+            workflow=run.workflow_name,
+            step_id=step_id,
+            step=step["name"],
+        )
+    outcome = _called(ctx, func, args, kwargs)
+    serde.check_size(
+        f"the outcome of step {step_id}",
+        step["args"],
+        step["kwargs"],
+        outcome.result_text,
+        outcome.error_text,
+    )
+    return outcome
+
+
+def _called(ctx, func, args, kwargs):
     ctx.recording = False  # what the function calls is part of this step
     began = time.monotonic()
     try:
         result = func(*args, **kwargs)
     except Exception as exc:
+        encoded = serde.encode_exception(exc)
         seconds = time.monotonic() - began
-        error, status, result = exc, Step.Status.FAILED, None
-        encoded_error = serde.encode_exception(exc)
-        result_text, error_text = None, serde.dumps(encoded_error)
-    else:
-        seconds = time.monotonic() - began
-        error, status, encoded_error = None, Step.Status.DONE, None
-        result_text, error_text = serde.dumps(serde.to_json(result)), None
+        return _Outcome(Step.Status.FAILED, None, exc, encoded, None, serde.dumps(encoded), seconds)
     finally:
         ctx.recording = True
-    serde.check_size(
-        f"the outcome of step {step_id}", step["args"], step["kwargs"], result_text, error_text
+    seconds = time.monotonic() - began
+    text = serde.dumps(serde.to_json(result))
+    return _Outcome(Step.Status.DONE, result, None, None, text, None, seconds)
+
+
+def _announce_retry(run, step, attempt, retry_policy, error, wait):
+    events.announce(
+        "step_retrying",
+        run_id=run.workflow_id,
+        workflow=run.workflow_name,
+        worker=run.worker,
+        step_id=step["step_id"],
+        step=step["name"],
+        attempt=attempt,
+        attempts=retry_policy.retries + 1,
+        error=retry.one_line(error),
+        exception=error,
+        seconds=wait,
     )
 
-    if fault is not None:
-        fault(ctx, step_id)
-    _record(run, step, status, result_text, error_text, update=update)
-    return status, result, error, encoded_error, seconds
+
+#: The name a durable sleep is recorded under.
+SLEEP = "everystep.sleep"
+
+
+def sleep(ctx, step_id, seconds):
+    """A durable sleep of the running workflow `ctx` at `step_id`: its wake
+    time is recorded first (a step whose result is that time), then the run
+    leaves with `Sleeping` unless the time has passed. A crash in between
+    loses nothing: the attempt that resumes finds the step and sleeps on to
+    the same wake time."""
+    run = ctx.run
+    recorded = run.outcomes.get(step_id)
+    if recorded is not None and recorded["name"] != SLEEP:
+        raise WorkflowCodeError(
+            f"run {run.workflow_id} recorded step {step_id} as {recorded['name']}, "
+            f"but the workflow now sleeps there: its code changed under a run in flight"
+        )
+    if recorded is None:
+        started = clock.now()
+        wake_at = started + datetime.timedelta(seconds=seconds)
+        step = {"step_id": step_id, "name": SLEEP, "started_at": started}
+        step["args"] = serde.dumps(serde.to_json([seconds]))
+        step["kwargs"] = serde.dumps(serde.to_json({}))
+        _record(run, step, Step.Status.DONE, serde.dumps(serde.to_json(wake_at)), None)
+        recorded = {"name": SLEEP, "status": Step.Status.DONE, "result": wake_at, "error": None}
+        run.outcomes[step_id] = recorded
+    wake_at = recorded["result"]
+    if clock.now() < wake_at:
+        raise Sleeping(run.workflow_id, step_id, wake_at)
 
 
 def refuse_inside_transaction(what):
@@ -235,17 +379,20 @@ def refuse_inside_transaction(what):
             )
 
 
-def _record(run, step, status, result, error, *, update):
-    """Write a step's outcome (or its ``started`` row), fenced and retried;
-    raise `ClaimLost` if the run is no longer this runner's. A retry after a
-    lost reply finds out whether the first write had landed."""
+def _record(run, step, status, result, error, *, replacing=None, attempts=1):
+    """Write a step's outcome (or its ``started`` or ``retrying`` row):
+    a new row, or in place of its row in status `replacing`; fenced and
+    retried. Raise `ClaimLost` if the run is no longer this runner's. A
+    retry after a lost reply finds out whether the first write had landed."""
     step_id = step["step_id"]
 
     def write(attempt):
-        if update:
-            landed = store.complete_started_step(run, step_id, status, result, error)
+        if replacing is not None:
+            landed = store.update_step(run, step_id, replacing, status, result, error, attempts)
         else:
-            landed = store.record_step(run, status=status, result=result, error=error, **step)
+            landed = store.record_step(
+                run, status=status, result=result, error=error, attempts=attempts, **step
+            )
         if not landed and attempt > 1:
             return store.step_recorded(run, step_id, status)
         return bool(landed)

@@ -21,7 +21,7 @@ from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections,
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from everystep import registry, serde
+from everystep import clock, registry, serde
 from everystep.models import Step, Worker, Workflow
 
 RUNNING = Workflow.Status.RUNNING
@@ -50,15 +50,22 @@ class ClaimedRun:
         return self.id
 
 
-def insert_run(name, args, idempotency_key=None, trace_context=None):
-    """Insert a scheduled run in the current transaction; one INSERT.
+def insert_run(name, args, idempotency_key=None, trace_context=None, run_at=None):
+    """Insert a scheduled run, due at `run_at` (default: now), in the
+    current transaction; one INSERT.
 
     With an idempotency key the INSERT ignores a conflict on (name, key) and
     the run holding the key is read back, so concurrent callers all get the
     same run and no transaction is aborted.
     """
+    now = clock.now()
     run = Workflow(
-        name=name, args=args, idempotency_key=idempotency_key, trace_context=trace_context
+        name=name,
+        args=args,
+        idempotency_key=idempotency_key,
+        trace_context=trace_context,
+        created_at=now,
+        run_at=run_at or now,
     )
     if idempotency_key is None:
         run.save(force_insert=True)
@@ -68,8 +75,9 @@ def insert_run(name, args, idempotency_key=None, trace_context=None):
 
 
 def claim(worker_name, limit, workflows=None, *, only_parked=False, exclude=()):
-    """Claim up to `limit` runs for `worker_name` in one transaction, oldest
-    first, and return them as `ClaimedRun`s with a fresh claim token.
+    """Claim up to `limit` runs for `worker_name` in one transaction, the
+    longest due first, and return them as `ClaimedRun`s with a fresh claim
+    token. A scheduled run is not claimed before its ``run_at``.
 
     Only runs of the `workflows` named (default: those registered in this
     process) are taken: a run of a workflow this worker does not have waits
@@ -83,14 +91,15 @@ def claim(worker_name, limit, workflows=None, *, only_parked=False, exclude=()):
     if limit <= 0 or not workflows:
         return []
     token = uuid.uuid4()
-    now = timezone.now()
+    now = clock.now()
     if not only_parked and connection.vendor == "postgresql":
         return _claim_in_one_statement(worker_name, limit, workflows, token, now)
-    candidates = Workflow.objects.filter(
-        status=RUNNING if only_parked else SCHEDULED, name__in=workflows
-    )
     if only_parked:
-        candidates = candidates.filter(claimed_by=worker_name).exclude(id__in=list(exclude))
+        candidates = Workflow.objects.filter(
+            status=RUNNING, name__in=workflows, claimed_by=worker_name
+        ).exclude(id__in=list(exclude))
+    else:
+        candidates = Workflow.objects.filter(status=SCHEDULED, name__in=workflows, run_at__lte=now)
     # Whether a run has steps comes with the claim, so a first attempt skips
     # loading them. Not on MariaDB: there a subquery of a locking read locks
     # the step rows it reads, in the way of other runs' writes.
@@ -103,12 +112,12 @@ def claim(worker_name, limit, workflows=None, *, only_parked=False, exclude=()):
     with transaction.atomic():
         rows = list(
             candidates.select_for_update(skip_locked=skip_locked)
-            .order_by("created_at")
+            .order_by("run_at")
             .values_list(
                 "id",
                 "name",
                 "args",
-                "created_at",
+                "run_at",
                 "trace_context",
                 *(["has_steps"] if look else []),
             )[:limit]
@@ -139,14 +148,14 @@ def _claim_in_one_statement(worker_name, limit, workflows, token, now):
         UPDATE everystep_workflow
            SET status = %s, claimed_by = %s, claim_token = %s, claimed_at = %s
          WHERE id IN (SELECT id FROM everystep_workflow
-                       WHERE status = 'scheduled' AND name = ANY(%s)
-                       ORDER BY created_at LIMIT %s
+                       WHERE status = 'scheduled' AND name = ANY(%s) AND run_at <= %s
+                       ORDER BY run_at LIMIT %s
                        FOR UPDATE SKIP LOCKED)
-     RETURNING id, name, args, created_at, trace_context,
+     RETURNING id, name, args, run_at, trace_context,
                EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [RUNNING, worker_name, token, now, workflows, limit])
+        cursor.execute(sql, [RUNNING, worker_name, token, now, workflows, now, limit])
         rows = cursor.fetchall()
     runs = [
         ClaimedRun(
@@ -165,15 +174,18 @@ def _claim_in_one_statement(worker_name, limit, workflows, token, now):
 
 
 def load_outcomes(workflow_id):
-    """The recorded steps of a run as the outcome store: step id →
-    ``{"name", "status", "result", "error"}``, values decoded; one query."""
+    """The recorded steps of a run, values decoded, in one query: the
+    outcome store (step id → ``{"name", "status", "result", "error"}``) and
+    the calls made of each step called more than once (step id → count)."""
     rows = Step.objects.filter(workflow_id=workflow_id).values_list(
-        "step_id", "name", "status", "result", "error"
+        "step_id", "name", "status", "result", "error", "attempts"
     )
-    return {
-        step_id: {"name": name, "status": status, "result": result, "error": error}
-        for step_id, name, status, result, error in rows
-    }
+    outcomes, attempts = {}, {}
+    for step_id, name, status, result, error, calls in rows:
+        outcomes[step_id] = {"name": name, "status": status, "result": result, "error": error}
+        if calls > 1 or status == Step.Status.RETRYING:
+            attempts[step_id] = calls
+    return outcomes, attempts
 
 
 def run_exists(workflow_id):
@@ -181,9 +193,9 @@ def run_exists(workflow_id):
     return Workflow.objects.filter(id=workflow_id).exists()
 
 
-def record_step(run, step_id, name, args, kwargs, status, result, error, started_at):
+def record_step(run, step_id, name, args, kwargs, status, result, error, started_at, attempts=1):
     """Insert a step's outcome (`args`, `kwargs`, `result`, `error` already
-    JSON text, or None), fenced on the run's claim.
+    JSON text, or None) after `attempts` calls, fenced on the run's claim.
 
     Returns True when it landed, False when the fence refused it, and None
     when a row is already at this id: either this very write landed before
@@ -201,6 +213,7 @@ def record_step(run, step_id, name, args, kwargs, status, result, error, started
         error,
         _datetime_param(db, started_at),
         _datetime_param(db, finished_at),
+        attempts,
         *_fence_params(db, run),
     ]
     try:
@@ -209,21 +222,24 @@ def record_step(run, step_id, name, args, kwargs, status, result, error, started
         return None
 
 
-def complete_started_step(run, step_id, status, result, error):
-    """Turn a step's ``started`` row into its outcome (`result` and `error`
-    JSON text, or None), in place, fenced. Returns whether it landed."""
+def update_step(run, step_id, from_status, status, result, error, attempts=1):
+    """Turn a step's row in `from_status` (``started``, or ``retrying``)
+    into `status` with `result` and `error` (JSON text, or None) after
+    `attempts` calls, in place, fenced. Returns whether it landed."""
     db = _thread_connection()
+    finished_at = None if status == Step.Status.STARTED else timezone.now()
     params = [
         status,
         result,
         error,
-        _datetime_param(db, timezone.now()),
+        _datetime_param(db, finished_at),
+        attempts,
         _uuid_param(db, run.workflow_id),
         step_id,
-        Step.Status.STARTED,
+        from_status,
         *_fence_params(db, run),
     ]
-    return _execute(db, _step_statements(db.vendor).complete, params) == 1
+    return _execute(db, _step_statements(db.vendor).update, params) == 1
 
 
 # Every status change there is, as (from, to): the one place that says
@@ -317,13 +333,14 @@ _STEP_COLUMNS = (
     "error",
     "started_at",
     "finished_at",
+    "attempts",
 )
 
 
 @dataclasses.dataclass(frozen=True)
 class _StepStatements:
     insert: str
-    complete: str
+    update: str
 
 
 @functools.cache
@@ -342,12 +359,13 @@ def _step_statements(vendor):
         f"INSERT INTO everystep_step (workflow_id, {', '.join(_STEP_COLUMNS)}) "
         f"SELECT w.id, {placeholders} FROM everystep_workflow w WHERE {fence}"
     )
-    complete = (
-        "UPDATE everystep_step SET status = %s, result = %s, error = %s, finished_at = %s "
+    update = (
+        "UPDATE everystep_step "
+        "SET status = %s, result = %s, error = %s, finished_at = %s, attempts = %s "
         "WHERE workflow_id = %s AND step_id = %s AND status = %s AND EXISTS ("
         f"SELECT 1 FROM everystep_workflow w WHERE {fence})"
     )
-    return _StepStatements(insert, complete)
+    return _StepStatements(insert, update)
 
 
 def _execute(db, sql, params):
@@ -421,18 +439,22 @@ class QueueState:
 def queue_state():
     """Count the runs not finished: three queries, each on an index that holds
     only the runs in its status (on MariaDB/MySQL, one led by the status),
-    so their cost follows the queue, never the history."""
+    so their cost follows the queue, never the history. Pending runs are
+    the scheduled ones that are due: those waiting for a later time (a
+    delayed start, a sleep, a retry's wait) are not read at all."""
+    now = clock.now()
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT name, COUNT(*), MIN(created_at) FROM {_queue_index('scheduled')} "
-            "WHERE status = 'scheduled' GROUP BY name"
+            f"SELECT name, COUNT(*), MIN(run_at) FROM {_queue_index('scheduled')} "
+            "WHERE status = 'scheduled' AND run_at <= %s GROUP BY name",
+            [_datetime_param(connection, now)],
         )
         scheduled = cursor.fetchall()
         running = _count(cursor, "running", _queue_index("claimed_by"))
         blocked = _count(cursor, "blocked", _queue_index("blocked"))
     by_workflow = {name: count for name, count, _ in scheduled}
-    oldest = min((_aware(created_at) for _, _, created_at in scheduled), default=None)
-    age = 0.0 if oldest is None else max(0.0, (timezone.now() - oldest).total_seconds())
+    oldest = min((_aware(due) for _, _, due in scheduled), default=None)
+    age = 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
     return QueueState(
         pending=sum(by_workflow.values()),
         running=running,

@@ -176,6 +176,7 @@ on_event = {
     **{f"run_{status}": _run_finished for status in events.FINISHED},
     "step_started": _step_started,
     "step_recorded": _step_ended,
+    "step_retrying": _step_ended,
     "step_unrecorded": _step_ended,
     "fork_started": _fork_started,
     "fork_ended": _fork_ended,

@@ -37,6 +37,7 @@ The worker is an orchestrator over its parts: the options
 tracking shared with the runners (`everystep.retry`).
 """
 
+import heapq
 import logging
 import os
 import socket
@@ -72,6 +73,7 @@ logger = logging.getLogger(__name__)
 REQUEUE_GRACE = 5.0  # seconds to keep trying to requeue at exit when the database is down
 TAKE_BACK_INTERVAL = 30.0  # seconds between take-backs of runs parked under this name
 LOOP_ERROR_LOG_INTERVAL = 10.0  # at most one traceback of a loop error this often
+MAX_DUE_TIMES = 10_000  # notified due times a worker keeps; past that it polls for them
 
 __all__ = ["NameHeld", "NameLost", "Worker"]
 
@@ -107,6 +109,9 @@ class Worker:
         self._error_logged = 0.0
         self._ready = False  # caught up and looping
         self._next_turn_at = None  # when the loop's next turn is due (monotonic)
+        # When notified runs fall due (monotonic; a heap), for a turn then.
+        self._due_times = []
+        self._due_lock = threading.Lock()
 
     def stop(self):
         """Ask the worker to drain and return; a second call cuts the drain short."""
@@ -197,9 +202,30 @@ class Worker:
             self._wait(self._turn())
 
     def _wait(self, seconds):
-        """Sleep until the next turn is due, or something wakes the loop."""
-        self._next_turn_at = time.monotonic() + seconds
+        """Sleep until the next turn is due, a run announced for later falls
+        due, or something wakes the loop."""
+        now = time.monotonic()
+        with self._due_lock:
+            while self._due_times and self._due_times[0] <= now:
+                heapq.heappop(self._due_times)
+            if self._due_times:
+                seconds = min(seconds, self._due_times[0] - now)
+        self._next_turn_at = now + seconds
         self._wake.wait(seconds)
+
+    def _notified(self, due=None):
+        """A run was scheduled (PostgreSQL's notification), due at `due`
+        (Unix seconds, as text) if given: take a turn now, and another when
+        it falls due, rather than up to a poll later."""
+        try:
+            delay = float(due) - time.time() if due else 0.0
+        except ValueError:
+            delay = 0.0
+        if delay > 0:
+            with self._due_lock:
+                if len(self._due_times) < MAX_DUE_TIMES:
+                    heapq.heappush(self._due_times, time.monotonic() + delay)
+        self._wake.set()
 
     def _turn(self):
         """One turn of the loop: make sure the name is still held, then claim
@@ -370,7 +396,7 @@ class Worker:
             return None
         from everystep.notify import Listener
 
-        listener = Listener(self._wake.set)
+        listener = Listener(self._notified)
         listener.start()
         return listener
 

@@ -16,7 +16,8 @@ import traceback
 from everystep_runtime.errors import Failure, UsageError
 from everystep_runtime.interpreter import mismatch
 
-from everystep import options
+from everystep import clock, options
+from everystep.errors import EverystepError
 
 MAX_LIMIT = 10_000  # rows `runs` lists at most
 
@@ -44,6 +45,23 @@ def port(text):
     try:
         return options.port_number(text)
     except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def moment(text):
+    """`schedule --at`: an ISO 8601 time with its zone."""
+    return _converted(clock.parse_moment, text)
+
+
+def duration(text):
+    """`schedule --in`: a duration such as 90s, 15m or 2h."""
+    return _converted(clock.parse_duration, text)
+
+
+def _converted(parse, text):
+    try:
+        return parse(text)
+    except EverystepError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
@@ -76,6 +94,20 @@ def build_parser():
     )
     schedule.add_argument(
         "--idempotency-key", help="return the existing run scheduled with this key"
+    )
+    when = schedule.add_mutually_exclusive_group()
+    when.add_argument(
+        "--at",
+        type=moment,
+        metavar="TIME",
+        help="not before this ISO 8601 time, with its zone (2026-12-24T18:00Z)",
+    )
+    when.add_argument(
+        "--in",
+        dest="delay",
+        type=duration,
+        metavar="DURATION",
+        help="not before this long from now: 90s, 15m, 2h, 1d or 1h30m",
     )
 
     runs = commands.add_parser("runs", help="recent runs, newest first")

@@ -43,7 +43,13 @@ def schedule(env, args):
         raise UsageError(f"{exc} (known: {', '.join(registry.names()) or 'none'})") from None
     arguments = _json_arguments(args.args)
     try:
-        run = schedule_run(registry.get(name), *arguments, idempotency_key=args.idempotency_key)
+        run = schedule_run(
+            registry.get(name),
+            *arguments,
+            idempotency_key=args.idempotency_key,
+            run_at=args.at,
+            delay=args.delay,
+        )
     except EverystepError as exc:
         raise UsageError(str(exc)) from None
     print(run.id)

@@ -1,6 +1,8 @@
 """Fixtures every test shares: a clean fault hook, step-call counters, and
 (from their modules) worker processes, embedded workers and the zipapp."""
 
+import datetime
+
 import pytest
 
 from tests import workflows
@@ -24,3 +26,26 @@ def _fresh_state():
 def calls():
     """How many times each test step function really executed."""
     return workflows.calls
+
+
+@pytest.fixture
+def moved_clock():
+    """The engine's clock, stopped at the real time now and moved by
+    ``moved_clock.advance(seconds)``."""
+
+    class Clock:
+        def __init__(self):
+            self.moment = datetime.datetime.now(datetime.UTC)
+
+        def __call__(self):
+            return self.moment
+
+        def advance(self, seconds):
+            self.moment += datetime.timedelta(seconds=seconds)
+
+    stopped = Clock()
+    from everystep import clock
+
+    clock.override = stopped
+    yield stopped
+    clock.override = None

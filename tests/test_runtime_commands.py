@@ -2,6 +2,7 @@
 test database: schedule, runs, show, requeue, resolve-step, migrate, check,
 manage, worker."""
 
+import datetime
 import json
 import os
 import signal
@@ -166,6 +167,31 @@ def test_schedule_usage_errors_are_one_line_and_exit_2(everystep):
         result = everystep(*args)
         assert result.returncode == 2, (args, result.stderr)
         assert fragment in one_line_error(result)
+    assert not Workflow.objects.exists()
+
+
+def test_schedule_at_a_time_or_in_a_while(everystep):
+    later = everystep("schedule", "quick", "1", "--in", "1h30m")
+    at = everystep("schedule", "quick", "2", "--at", "2030-01-01T12:00+01:00")
+    assert later.returncode == 0 and at.returncode == 0, (later.stderr, at.stderr)
+    delayed = Workflow.objects.get(id=later.stdout.strip())
+    assert (delayed.run_at - delayed.created_at).total_seconds() == pytest.approx(5400, abs=1)
+    expected = datetime.datetime(2030, 1, 1, 11, tzinfo=datetime.UTC)
+    assert Workflow.objects.get(id=at.stdout.strip()).run_at == expected
+
+
+def test_schedule_refuses_a_bad_time_in_one_line_with_exit_2(everystep):
+    for args, fragment in [
+        (["--at", "2030-01-01T12:00"], "must be an aware datetime"),
+        (["--at", "tomorrow"], "is not a time: use ISO 8601"),
+        (["--in=-5s"], "is not a duration"),
+        (["--in", "5 weeks"], "is not a duration"),
+        (["--in", "-5"], "must not be negative"),
+        (["--in", "5s", "--at", "2030-01-01T12:00Z"], "not allowed with argument"),
+    ]:
+        result = everystep("schedule", "quick", "1", *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert fragment in one_line_error(result), (args, result.stderr)
     assert not Workflow.objects.exists()
 
 

@@ -192,6 +192,21 @@ def test_a_pending_step_after_the_done_ones_of_a_running_run_shows_in_flight(vie
     assert [(node["id"], node["status"]) for node in nodes] == [("1", "done"), ("2", "in flight")]
 
 
+def test_a_step_waiting_to_retry_and_a_delayed_run_show_what_they_wait_for(viewer, moved_clock):
+    run = run_to_end(workflows.retried_durably, 1)
+    data = viewer.get(f"/everystep/api/run/{run.id}").json()
+    waiting = data["steps"][1]
+    assert (waiting["status"], waiting["attempts"]) == ("retrying", 1)
+    nodes = {node["id"]: node["status"] for node in data["graph"]["nodes"]}
+    assert nodes == {"1": "done", "2": "waiting"}
+    page = html.unescape(viewer.get(f"/everystep/run/{run.id}").content.decode())
+    assert "attempt 1 failed, next at" in page and "Flaky: slow: call 1 failed" in page
+    assert 'id="run-at"' in page
+
+    delayed = schedule(workflows.quick, 1, delay=3600)
+    assert viewer.get(f"/everystep/api/run/{delayed.id}").json()["run_at"] > data["created_at"]
+
+
 def test_resolving_a_blocked_run_by_its_form_schedules_it_and_logs_who(operator, calls, caplog):
     run = blocked_payment(calls)
     page = operator.get(f"/everystep/run/{run.id}").content.decode()

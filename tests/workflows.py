@@ -11,6 +11,7 @@ import enum
 import threading
 import uuid
 
+import everystep
 from everystep import Terminal, context, parallel, step, workflow
 
 calls = collections.Counter()
@@ -358,3 +359,105 @@ def from_codes(codes):
 @workflow
 def text_from_codes(codes):
     return from_codes(codes)
+
+
+@step
+def counted(tag):
+    """A step that counts its executions under `tag`."""
+    count(tag)
+    return tag
+
+
+@workflow
+def sleeper(seconds):
+    """A step, a durable sleep of `seconds`, another step."""
+    before = counted("before")
+    everystep.sleep(seconds)
+    return [before, counted("after")]
+
+
+@workflow
+def named_sleeper(seconds):
+    """A named sleep between two positional steps (ids 1, nap, 2)."""
+    everystep.sleep(seconds, everystep_id="nap")
+    return [counted("one"), counted("two")]
+
+
+@workflow
+def sleeps_in_a_branch(seconds):
+    """A fork whose second branch sleeps: the run leaves once the fork ends."""
+    return parallel(lambda: counted("left"), [lambda: everystep.sleep(seconds), lambda: "woke"])
+
+
+@step
+def sleeps_inside(seconds):
+    """A step whose function sleeps: a plain time.sleep, nothing recorded."""
+    everystep.sleep(seconds)
+    return "slept"
+
+
+@workflow
+def sleeps_inside_a_step(seconds):
+    return sleeps_inside(seconds)
+
+
+class Flaky(ConnectionError):
+    """What a flaky step raises: a transient error its policy retries."""
+
+
+def _fails_first(tag, failures):
+    count(tag)
+    if calls[tag] <= failures:
+        raise Flaky(f"{tag}: call {calls[tag]} failed")
+    return calls[tag]
+
+
+@step(retries=3, backoff=0.01, max_backoff=0.02, retry_on=Flaky)
+def flaky(tag, failures):
+    """Fails its first `failures` calls, then returns how many calls it took."""
+    return _fails_first(tag, failures)
+
+
+@step(retries=2, backoff=30, max_backoff=60)
+def flaky_slow(tag, failures):
+    """As `flaky`, with waits long enough to be durable."""
+    return _fails_first(tag, failures)
+
+
+@step(unsafe_to_repeat=True, retries=2, backoff=0.01, max_backoff=0.01)
+def flaky_charge(tag, failures):
+    """An unsafe step that fails its first `failures` calls (its outcome
+    known each time), then charges."""
+    return _fails_first(tag, failures)
+
+
+@step(retries=3, backoff=0.01, retry_on=Flaky)
+def wrong_error(tag):
+    count(tag)
+    raise ValueError("not a transient error")
+
+
+@step(retries=3, backoff=0.01)
+def gives_up(tag):
+    count(tag)
+    raise Terminal("no point retrying")
+
+
+@workflow
+def retried(failures):
+    return flaky("flaky", failures)
+
+
+@workflow
+def retried_durably(failures):
+    return [counted("before"), flaky_slow("slow", failures)]
+
+
+@workflow
+def retried_unsafe(failures):
+    return flaky_charge("charge", failures)
+
+
+@workflow
+def not_retried(kind):
+    return wrong_error("wrong") if kind == "wrong" else gives_up("terminal")

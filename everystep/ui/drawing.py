@@ -22,6 +22,7 @@ NODE_WIDTH, NODE_HEIGHT, GAP_X, GAP_Y, MARGIN = 200, 44, 24, 36, 8
 LANE_HEIGHT, LABEL_WIDTH, AXIS_WIDTH = 28, 150, 760
 
 DONE, FAILED, UNCERTAIN, IN_FLIGHT, PENDING = "done", "failed", "uncertain", "in flight", "pending"
+WAITING = "waiting"  # a step that failed and waits for its next attempt
 
 
 @dataclasses.dataclass
@@ -98,6 +99,8 @@ def _step_status(run, step):
         # A started step is recorded only for a step unsafe to repeat: it is
         # running while the run is, and uncertain once the run stopped.
         return IN_FLIGHT if run.status == Workflow.Status.RUNNING else UNCERTAIN
+    if step.status == Step.Status.RETRYING:
+        return WAITING
     return DONE if step.status == Step.Status.DONE else FAILED
 
 
