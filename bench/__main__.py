@@ -134,9 +134,17 @@ def plan(size):
                 },
             )
         )
-    pickups = [("postgres", True), ("postgres", False), ("mariadb", True)]
-    for backend, notify in pickups if not size.quick else pickups[:1]:
-        mode = "default" if notify else "polling"
+    # (backend, notify, delay): a delay measures a delayed run's pickup
+    # from its due time.
+    pickups = [
+        ("postgres", True, None),
+        ("postgres", False, None),
+        ("mariadb", True, None),
+        ("postgres", True, 0.5),
+        ("mariadb", True, 0.5),
+    ]
+    for backend, notify, delay in pickups if not size.quick else pickups[:1]:
+        mode = ("default" if notify else "polling") + ("_due" if delay else "")
         tasks.append(
             Task(
                 "pickup",
@@ -146,6 +154,7 @@ def plan(size):
                 options={
                     "samples": size.pickup_samples,
                     "notify": notify,
+                    "delay": delay,
                     "log_dir": str(LOGS),
                 },
             )

@@ -16,6 +16,11 @@ dropped; p50 and p99 are taken over the rest.
 With ``notify`` false the worker is started with ``--no-notify`` (polling
 only); otherwise it does whatever the engine does by default on this
 database (on PostgreSQL, a LISTEN/NOTIFY wake-up).
+
+With ``delay`` (seconds), each probe run is scheduled to start that much
+later (``schedule(..., delay=...)``, plus the same random part of a poll),
+and its latency runs from its due time (``run_at``) instead of its commit:
+how fast a run that falls due is picked up.
 """
 
 import os
@@ -47,7 +52,7 @@ def receive_start(probe, run_id):
     raise TimeoutError(f"the probe run {run_id} did not start within {TIMEOUT}s")
 
 
-def measure(samples=200, poll=0.2, notify=True, log_dir=".", seed=1):
+def measure(samples=200, poll=0.2, notify=True, log_dir=".", seed=1, delay=None):
     rng = random.Random(seed)
     flags = ["--poll", str(poll)] + ([] if notify else ["--no-notify"])
     url = os.environ["EVERYSTEP_DATABASE_URL"]
@@ -59,9 +64,14 @@ def measure(samples=200, poll=0.2, notify=True, log_dir=".", seed=1):
         with Workers(1, flags, url, log_dir, prefix="bench-pickup", env=env) as group:
             group.wait_ready()
             for index in range(WARM_UP + samples):
-                time.sleep(rng.uniform(0, poll))
-                run = schedule(workflows.pickup_probe)  # autocommit: committed on return
-                committed = time.time()
+                pause = rng.uniform(0, poll)
+                if delay is None:
+                    time.sleep(pause)
+                    run = schedule(workflows.pickup_probe)  # autocommit: committed on return
+                    committed = time.time()
+                else:
+                    run = schedule(workflows.pickup_probe, delay=delay + pause)
+                    committed = run.run_at.timestamp()  # from when it is due
                 started = receive_start(probe, run.id)
                 wait_for(
                     lambda run=run: Workflow.objects.filter(id=run.id, status="completed").exists(),

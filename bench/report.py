@@ -274,6 +274,8 @@ def _pickup(t, get):
         ("postgres", "polling", "PostgreSQL, --no-notify (polling)"),
         ("mariadb", "default", "MariaDB (polling)"),
         ("sqlite", "default", "SQLite (polling)"),
+        ("postgres", "default_due", "PostgreSQL, a delayed run from its due time"),
+        ("mariadb", "default_due", "MariaDB, a delayed run from its due time"),
     ]
     present = [m for m in modes if get(f"pickup.{m[0]}.{m[1]}.pickup_p50_ms") is not None]
     if not present:

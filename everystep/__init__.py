@@ -28,6 +28,8 @@ _NAMES = {
     "parallel": "everystep.api",
     "schedule": "everystep.api",
     "sleep": "everystep.api",
+    "cancel": "everystep.control",
+    "retry": "everystep.control",
     "Terminal": "everystep.errors",
 }
 _SUBMODULES = {
@@ -35,6 +37,8 @@ _SUBMODULES = {
     "attempts",
     "clock",
     "context",
+    "control",
+    "cron",
     "deadline",
     "endpoint",
     "errors",
@@ -50,7 +54,7 @@ _SUBMODULES = {
     "recovery",
     "registry",
     "reporting",
-    "retry",
+    "transient",
     "runner",
     "serde",
     "sessions",

@@ -15,13 +15,31 @@ from everystep import attempts, clock, context, events, registry
 from everystep.errors import EngineSignal, EverystepError, Terminal
 
 
-def workflow(func):
-    """Mark `func` as a workflow, registered as ``module.qualname``.
+def workflow(func=None, *, cron=None, timezone="UTC", **options):
+    """Mark `func` as a workflow, registered as ``module.qualname``: bare
+    ``@workflow`` or ``@workflow(cron="*/5 * * * *", timezone="UTC")``.
 
     Called directly, it runs as a plain function. `schedule()` it to run it
-    durably on a worker.
+    durably on a worker. With `cron`, the workers also run it, with no
+    arguments, once per tick of the expression read in `timezone`
+    (`everystep.cron`). A bad expression or zone raises `EverystepError`
+    naming the workflow, when the module is imported.
     """
-    func.__everystep_workflow__ = registry.register(func)
+    if options:
+        given = ", ".join(f"{option}=" for option in options)
+        raise EverystepError(
+            f"@workflow takes cron= and timezone=, not {given}"
+            + (": retries are a step's option, @step(retries=...)" if "retries" in options else "")
+        )
+    if func is None:
+        return functools.partial(workflow, cron=cron, timezone=timezone)
+    schedule = None
+    if cron is not None:
+        from everystep import cron as cron_schedules
+
+        name = registry.qualified_name(func)
+        schedule = cron_schedules.schedule_for(func, name, cron, timezone)
+    func.__everystep_workflow__ = registry.register(func, schedule)
     return func
 
 

@@ -55,6 +55,9 @@ class RunState:
     outcomes: dict = dataclasses.field(default_factory=dict)
     #: Step id → calls made so far, for the steps a retry policy called again.
     attempts: dict = dataclasses.field(default_factory=dict)
+    #: A cancel was asked of the run: the step in flight was recorded, and
+    #: no further step starts.
+    cancel_asked: bool = False
     draining: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 

@@ -101,6 +101,19 @@ class Sleeping(EngineSignal):
         return f"run {self.workflow_id} sleeps at step {self.step_id} until {self.wake_at}"
 
 
+class Cancelled(EngineSignal):
+    """The run was cancelled (`everystep.cancel`), for `reason`: stored as a
+    cancelled run's error, and raised at the step boundary where a running
+    run stops."""
+
+    def __init__(self, reason="cancelled"):
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self):
+        return str(self.reason)
+
+
 class SimulatedCrash(EngineSignal):
     """Raised by a test's `everystep.runner.fault` hook: the run is left exactly
     as a process death at that instant would leave it."""

@@ -27,7 +27,7 @@ logger = logging.getLogger("everystep")
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 
 #: How a run's attempt can finish it; each is announced as ``run_<status>``.
-FINISHED = ("completed", "failed", "stopped", "blocked")
+FINISHED = ("completed", "failed", "stopped", "blocked", "cancelled")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +81,7 @@ EVENTS = {
     "worker_starting": Event(DEBUG, "worker {worker} starting"),
     **{
         f"run_{status}": Event(
-            INFO if status == "completed" else WARNING,
+            INFO if status in ("completed", "cancelled") else WARNING,
             "run {run_id} {workflow} {status} in {millis:.0f} ms{reason}",
             hidden=("exception",),
         )

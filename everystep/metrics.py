@@ -21,7 +21,7 @@ import time
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from everystep import events, retry
+from everystep import events, transient
 
 QUEUE_CACHE_SECONDS = 5.0
 
@@ -147,7 +147,7 @@ def _worker_starting(fields):
     global _runner
     _runner = runner = fields["worker"]
     STARTED_AT.labels(runner).set(fields["started_at"])
-    DB_OUTAGE.labels(runner).set(0 if retry.outage.since is None else 1)
+    DB_OUTAGE.labels(runner).set(0 if transient.outage.since is None else 1)
     for zero_until_counted in (IN_FLIGHT, CLAIMS, REQUEUED, DB_RETRIES):
         zero_until_counted.labels(runner)
 

@@ -34,8 +34,9 @@ class Workflow(models.Model):
         FAILED = "failed"
         STOPPED = "stopped"
         BLOCKED = "blocked"
+        CANCELLED = "cancelled"
 
-    TERMINAL = (Status.COMPLETED, Status.FAILED, Status.STOPPED, Status.BLOCKED)
+    TERMINAL = (Status.COMPLETED, Status.FAILED, Status.STOPPED, Status.BLOCKED, Status.CANCELLED)
 
     id = models.UUIDField(primary_key=True, default=uuid6.uuid7, editable=False)
     name = models.CharField(max_length=300)
@@ -52,6 +53,9 @@ class Workflow(models.Model):
     #: claimed in this order.
     run_at = models.DateTimeField(default=timezone.now)
     claimed_at = models.DateTimeField(null=True, blank=True)
+    #: When a cancel was asked of the run while it ran: its runner cancels
+    #: it at the next step boundary (`everystep.control.cancel`).
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
     #: The W3C trace context of the code that scheduled the run (§11), so
     #: that its attempts' spans join the trace that asked for it.

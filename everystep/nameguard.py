@@ -16,7 +16,7 @@ import time
 
 from django.db import connections
 
-from everystep import events, retry
+from everystep import events, transient
 from everystep.errors import ConfigurationError
 from everystep.namelock import NameLost, name_lock
 
@@ -59,7 +59,7 @@ class NameGuard:
         warned = False
         while True:
             try:
-                acquired = retry.first_contact(
+                acquired = transient.first_contact(
                     lambda attempt: self.lock.try_acquire(),
                     what=f"taking the lock on worker name {self.name}",
                     should_stop=stopped.is_set,
@@ -102,13 +102,13 @@ class NameGuard:
             self.lock.release()
 
     def _run(self):
-        generation = retry.outage.generation
+        generation = transient.outage.generation
         try:
             while not self._stop.wait(CHECK_INTERVAL if self.held else RETRY_INTERVAL):
                 # A connection that lived through an outage may be cut off
                 # silently: take the lock again on a new one.
-                reconnect = retry.outage.generation != generation
-                generation = retry.outage.generation
+                reconnect = transient.outage.generation != generation
+                generation = transient.outage.generation
                 self._set_held(self._check(reconnect))
                 if self.lost is not None:
                     return
@@ -125,8 +125,8 @@ class NameGuard:
             self.lost = exc
             return False
         except Exception as exc:  # noqa: BLE001 - the database is away; try again soon
-            if retry.is_transient(exc):
-                retry.outage.failed("checking the name lock", exc)
+            if transient.is_transient(exc):
+                transient.outage.failed("checking the name lock", exc)
             return False
         return True
 

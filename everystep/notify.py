@@ -19,7 +19,7 @@ import time
 
 from django.db import connections
 
-from everystep import deadline, retry, sessions
+from everystep import deadline, sessions, transient
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +45,12 @@ class Listener:
         self._stop.set()
 
     def _run(self):
-        delays = retry.backoff_delays(first=0.1)
+        delays = transient.backoff_delays(first=0.1)
         while not self._stop.is_set():
             wrapper = connections.create_connection(self.alias)
             try:
                 self._listen(wrapper)
-                delays = retry.backoff_delays(first=0.1)
+                delays = transient.backoff_delays(first=0.1)
             except Exception as exc:  # noqa: BLE001 - reconnect and listen again
                 logger.debug("listener connection lost (%s); reconnecting", exc)
                 sessions.abandon(wrapper)
@@ -69,11 +69,11 @@ class Listener:
             raw.execute(f"LISTEN {CHANNEL}")
         self.on_notify()  # anything scheduled while not listening is claimed now
         next_ping = time.monotonic() + PING_INTERVAL
-        generation = retry.outage.generation
+        generation = transient.outage.generation
         while not self._stop.is_set():
             for notification in raw.notifies(timeout=0.5):
                 self.on_notify(notification.payload)
-            if retry.outage.generation != generation:
+            if transient.outage.generation != generation:
                 sessions.abandon(wrapper)
                 return  # held through an outage: listen again on a new connection
             if time.monotonic() >= next_ping:

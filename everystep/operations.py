@@ -14,6 +14,8 @@ actions, and so the same refusals.
 - `workers`: every worker that has run on this database, what ``workers``
   prints: a worker not stopped whose heartbeat is older than
   `Worker.LOST_AFTER` seconds shows as ``lost``.
+- `schedules`: the cron workflows, their next tick and their latest
+  tick's run, what ``schedules`` prints.
 - `live_workers` and `unclaimable`: who is running, and which scheduled
   runs wait for a workflow that no live worker has (a deploy in progress,
   or a module missing from ``EVERYSTEP_WORKFLOWS``).
@@ -192,6 +194,38 @@ def runs_held(names):
     for run_id, name in sorted(rows.values_list("id", "claimed_by")):
         held[name].append(run_id)
     return held
+
+
+def schedules(now=None):
+    """The cron workflows registered in this process, each with its next
+    tick and the run of its latest tick if there is one: ``[{"workflow",
+    "cron", "timezone", "next_tick", "latest_tick", "latest_run",
+    "latest_status"}]``; one query."""
+    from everystep import clock, cron, registry
+
+    now = now or clock.now()
+    rows = []
+    for schedule in registry.schedules():
+        latest = schedule.latest_tick(now)
+        rows.append(
+            {
+                "workflow": schedule.workflow,
+                "cron": schedule.expression,
+                "timezone": schedule.timezone,
+                "next_tick": schedule.next_tick(now),
+                "latest_tick": latest,
+                "key": cron.tick_key(latest),
+            }
+        )
+    runs = Workflow.objects.filter(
+        name__in=[row["workflow"] for row in rows],
+        idempotency_key__in=[row["key"] for row in rows],
+    ).values_list("name", "idempotency_key", "id", "status")
+    found = {(name, key): (run_id, status) for name, key, run_id, status in runs}
+    for row in rows:
+        run_id, status = found.get((row["workflow"], row.pop("key")), (None, None))
+        row.update(latest_run=run_id, latest_status=status)
+    return rows
 
 
 def run_fields(run):

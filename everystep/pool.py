@@ -14,7 +14,7 @@ import threading
 
 from django.db import connection, connections
 
-from everystep import retry, runner, store
+from everystep import runner, store, transient
 
 Status = runner.Status
 
@@ -81,10 +81,10 @@ class Pool:
             self._todo.put(None)
 
     def _work(self):
-        generation = retry.outage.generation
+        generation = transient.outage.generation
         try:
             while (job := self._todo.get()) is not None:
-                generation = retry.replace_if_outage(generation)
+                generation = transient.replace_if_outage(generation)
                 try:
                     job.status = runner.execute(job.claimed, draining=self._draining)
                 except BaseException as exc:  # noqa: BLE001 - the worker fails the run
@@ -102,4 +102,4 @@ def _close_if_unclean():
     if connection.connection is not None and (
         connection.errors_occurred or connection.in_atomic_block or connection.needs_rollback
     ):
-        retry.reset_connection()
+        transient.reset_connection()

@@ -4,6 +4,7 @@ from everystep.errors import EverystepError
 
 MAX_NAME_LENGTH = 300
 _workflows = {}
+_schedules = {}  # name → its `everystep.cron.Schedule`, for cron workflows
 
 
 def qualified_name(func):
@@ -11,14 +12,29 @@ def qualified_name(func):
     return f"{func.__module__}.{func.__qualname__}"
 
 
-def register(func):
-    """Register `func` as a workflow and return its name. Registering the same
-    name again replaces the earlier function (a module reloaded)."""
+def register(func, schedule=None):
+    """Register `func` as a workflow, with its cron `schedule` if it has one,
+    and return its name. Registering the same name again replaces the
+    earlier function (a module reloaded)."""
     name = qualified_name(func)
     if len(name) > MAX_NAME_LENGTH:
         raise EverystepError(f"workflow name {name!r} is longer than {MAX_NAME_LENGTH} characters")
     _workflows[name] = func
+    _schedules.pop(name, None)
+    if schedule is not None:
+        _schedules[name] = schedule
     return name
+
+
+def unregister(name):
+    """Forget the workflow `name` (a module unloaded); nothing if unknown."""
+    _workflows.pop(name, None)
+    _schedules.pop(name, None)
+
+
+def schedules():
+    """The cron schedules of the registered workflows, by name."""
+    return [_schedules[name] for name in sorted(_schedules)]
 
 
 def get(name):

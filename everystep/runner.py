@@ -25,8 +25,9 @@ import time
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
-from everystep import attempts, clock, context, events, registry, retry, serde, store
+from everystep import attempts, clock, context, events, registry, serde, store, transient
 from everystep.errors import (
+    Cancelled,
     ClaimLost,
     DrainOrphan,
     EffectUncertain,
@@ -85,6 +86,8 @@ def execute(claimed, draining=None):
 def _attempt(claimed, run):
     started = time.monotonic()
     try:
+        if claimed.cancel_requested:  # asked while an earlier claim held it
+            raise Cancelled()
         if claimed.has_steps is not False:
             outcomes, attempts_made = _guarded(
                 lambda attempt: store.load_outcomes(run.workflow_id), "loading steps"
@@ -105,6 +108,8 @@ def _attempt(claimed, run):
         with context.activated(context.Context(run)):
             result = body(*claimed.args)
         serde.check_size(f"the result of run {run.workflow_id}", serde.encode(result))
+    except Cancelled:
+        return _finish(run, Status.CANCELLED, started)
     except Terminal as exc:
         return _finish(run, Status.STOPPED, started, error=serde.encode_exception(exc))
     except EffectUncertain as exc:
@@ -136,7 +141,7 @@ def _attempt(claimed, run):
     except Exception as exc:
         error = serde.encode_exception(exc)
         return _finish(run, Status.FAILED, started, error=error, exception=exc)
-    return _finish(run, Status.COMPLETED, started, result=result)
+    return _finish(run, Status.COMPLETED, started, result=result, error=None)
 
 
 def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, retry_policy=None):
@@ -169,6 +174,8 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, retry_pol
         # A retry that is due, or a started step now safe to repeat: run it
         # again and update its row.
         row = recorded["status"]
+    if run.cancel_asked:  # learnt by a sibling branch's write: no new step starts
+        raise Cancelled()
     if ctx.draining:
         raise DrainOrphan(run.workflow_id, step_id)
 
@@ -211,6 +218,7 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, retry_pol
                     "error": outcome.encoded_error,
                 }
                 run.attempts[step_id] = attempt
+                _stop_if_cancel_asked(run)
                 raise Sleeping(run.workflow_id, step_id, retry_at)
             if unsafe_to_repeat:  # its outcome is known: it failed, and may run again
                 _record(
@@ -223,6 +231,7 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, retry_pol
                     attempts=attempt,
                 )
                 row = Step.Status.RETRYING
+                _stop_if_cancel_asked(run)
             time.sleep(wait)
             attempt += 1
 
@@ -258,9 +267,16 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, retry_pol
         "result": outcome.result,
         "error": outcome.encoded_error,
     }
+    _stop_if_cancel_asked(run)
     if error is not None:
         raise error
     return outcome.result
+
+
+def _stop_if_cancel_asked(run):
+    """After a write that landed despite a cancel asked of the run: stop."""
+    if run.cancel_asked:
+        raise Cancelled()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,7 +341,7 @@ def _announce_retry(run, step, attempt, retry_policy, error, wait):
         step=step["name"],
         attempt=attempt,
         attempts=retry_policy.retries + 1,
-        error=retry.one_line(error),
+        error=transient.one_line(error),
         exception=error,
         seconds=wait,
     )
@@ -357,6 +373,7 @@ def sleep(ctx, step_id, seconds):
         _record(run, step, Step.Status.DONE, serde.dumps(serde.to_json(wake_at)), None)
         recorded = {"name": SLEEP, "status": Step.Status.DONE, "result": wake_at, "error": None}
         run.outcomes[step_id] = recorded
+        _stop_if_cancel_asked(run)
     wake_at = recorded["result"]
     if clock.now() < wake_at:
         raise Sleeping(run.workflow_id, step_id, wake_at)
@@ -382,23 +399,45 @@ def refuse_inside_transaction(what):
 def _record(run, step, status, result, error, *, replacing=None, attempts=1):
     """Write a step's outcome (or its ``started`` or ``retrying`` row):
     a new row, or in place of its row in status `replacing`; fenced and
-    retried. Raise `ClaimLost` if the run is no longer this runner's. A
-    retry after a lost reply finds out whether the first write had landed."""
+    retried. A retry after a lost reply finds out whether the first write
+    had landed.
+
+    A write refused because a cancel was asked of the run: an outcome is
+    written all the same (the step in flight is recorded) and the run is
+    marked to stop (`RunState.cancel_asked`); a ``started`` row, which
+    would begin a new step, is not, and `Cancelled` is raised. Any other
+    refusal raises `ClaimLost`: the run is no longer this runner's."""
     step_id = step["step_id"]
 
-    def write(attempt):
+    def write(attempt, despite_cancel=False):
         if replacing is not None:
-            landed = store.update_step(run, step_id, replacing, status, result, error, attempts)
+            landed = store.update_step(
+                run, step_id, replacing, status, result, error, attempts, despite_cancel
+            )
         else:
             landed = store.record_step(
-                run, status=status, result=result, error=error, attempts=attempts, **step
+                run,
+                status=status,
+                result=result,
+                error=error,
+                attempts=attempts,
+                despite_cancel=despite_cancel,
+                **step,
             )
         if not landed and attempt > 1:
             return store.step_recorded(run, step_id, status)
         return bool(landed)
 
-    if not _guarded(write, f"recording step {step_id} of run {run.workflow_id}"):
+    what = f"recording step {step_id} of run {run.workflow_id}"
+    if _guarded(write, what):
+        return
+    if not _guarded(lambda attempt: store.cancel_asked(run), f"reading run {run.workflow_id}"):
         raise ClaimLost(run.workflow_id, step_id)
+    if status == Step.Status.STARTED:
+        raise Cancelled()
+    if not _guarded(lambda attempt: write(attempt, despite_cancel=True), what):
+        raise ClaimLost(run.workflow_id, step_id)
+    run.cancel_asked = True
 
 
 def fail_crashed(claimed, exc, should_stop=None):
@@ -430,9 +469,12 @@ def requeue_claimed(claimed, should_stop=None):
     return True
 
 
-def _finish(run, status, started, *, result=None, error=None, exception=None):
-    if not _move(run, status, "finishing", result=result, error=error):
+def _finish(run, status, started, *, exception=None, **fields):
+    """End the run in `status`, writing `fields` (its result, its error)
+    too; a cancelled run keeps the error its cancel stored."""
+    if not _move(run, status, "finishing", **fields):
         return _lost(run)
+    error = fields.get("error")
     events.announce(
         f"run_{status}",
         exception=exception,
@@ -466,7 +508,7 @@ def _move(run, status, verb, should_stop=None, **fields):
             return True
         return attempt > 1 and store.has_moved(run, status)
 
-    return retry.retrying(write, what=f"{verb} run {run.workflow_id}", should_stop=should_stop)
+    return transient.retrying(write, what=f"{verb} run {run.workflow_id}", should_stop=should_stop)
 
 
 def _lost(run):
@@ -486,10 +528,10 @@ def _guarded(operation, what):
     large fails the run like any unstorable value (`EverystepError`); any
     other error is wrapped so that workflow code cannot swallow it."""
     try:
-        return retry.retrying(operation, what=what)
+        return transient.retrying(operation, what=what)
     except Exception as exc:
-        if retry.is_too_large(exc):
+        if transient.is_too_large(exc):
             raise EverystepError(
-                f"the database cannot store this while {what}: {retry.one_line(exc)}"
+                f"the database cannot store this while {what}: {transient.one_line(exc)}"
             ) from exc
         raise EngineError(exc) from exc

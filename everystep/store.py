@@ -44,6 +44,8 @@ class ClaimedRun:
     due_at: datetime.datetime | None = None
     #: The trace context stored by `schedule()`, if any (`everystep.tracing`).
     trace_context: dict | None = None
+    #: A cancel was asked of the run while an earlier claim held it.
+    cancel_requested: bool = False
 
     @property
     def workflow_id(self):
@@ -72,6 +74,16 @@ def insert_run(name, args, idempotency_key=None, trace_context=None, run_at=None
         return run
     Workflow.objects.bulk_create([run], ignore_conflicts=True)
     return Workflow.objects.get(name=name, idempotency_key=idempotency_key)
+
+
+def insert_tick(name, key, tick):
+    """Insert the run of a cron workflow's `tick`, due then, unless a run
+    already has its idempotency `key`; one INSERT, which the unique key
+    lets through for one caller only, however many try at once."""
+    Workflow.objects.bulk_create(
+        [Workflow(name=name, args=[], idempotency_key=key, created_at=clock.now(), run_at=tick)],
+        ignore_conflicts=True,
+    )
 
 
 def claim(worker_name, limit, workflows=None, *, only_parked=False, exclude=()):
@@ -119,6 +131,7 @@ def claim(worker_name, limit, workflows=None, *, only_parked=False, exclude=()):
                 "args",
                 "run_at",
                 "trace_context",
+                "cancel_requested_at",
                 *(["has_steps"] if look else []),
             )[:limit]
         )
@@ -136,8 +149,9 @@ def claim(worker_name, limit, workflows=None, *, only_parked=False, exclude=()):
             has_steps=rest[0] if rest else None,
             due_at=due,
             trace_context=trace_context,
+            cancel_requested=cancel_requested_at is not None,
         )
-        for id, name, args, due, trace_context, *rest in rows
+        for id, name, args, due, trace_context, cancel_requested_at, *rest in rows
     ]
 
 
@@ -151,7 +165,7 @@ def _claim_in_one_statement(worker_name, limit, workflows, token, now):
                        WHERE status = 'scheduled' AND name = ANY(%s) AND run_at <= %s
                        ORDER BY run_at LIMIT %s
                        FOR UPDATE SKIP LOCKED)
-     RETURNING id, name, args, run_at, trace_context,
+     RETURNING id, name, args, run_at, trace_context, cancel_requested_at IS NOT NULL,
                EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
     """
     with connection.cursor() as cursor:
@@ -167,8 +181,9 @@ def _claim_in_one_statement(worker_name, limit, workflows, token, now):
             has_steps,
             due_at,
             json.loads(trace_context) if isinstance(trace_context, str) else trace_context,
+            cancel_requested,
         )
-        for id, name, args, due_at, trace_context, has_steps in rows
+        for id, name, args, due_at, trace_context, cancel_requested, has_steps in rows
     ]
     return sorted(runs, key=lambda run: run.id)
 
@@ -193,7 +208,19 @@ def run_exists(workflow_id):
     return Workflow.objects.filter(id=workflow_id).exists()
 
 
-def record_step(run, step_id, name, args, kwargs, status, result, error, started_at, attempts=1):
+def record_step(
+    run,
+    step_id,
+    name,
+    args,
+    kwargs,
+    status,
+    result,
+    error,
+    started_at,
+    attempts=1,
+    despite_cancel=False,
+):
     """Insert a step's outcome (`args`, `kwargs`, `result`, `error` already
     JSON text, or None) after `attempts` calls, fenced on the run's claim.
 
@@ -214,7 +241,7 @@ def record_step(run, step_id, name, args, kwargs, status, result, error, started
         _datetime_param(db, started_at),
         _datetime_param(db, finished_at),
         attempts,
-        *_fence_params(db, run),
+        *_fence_params(db, run, despite_cancel),
     ]
     try:
         return _execute(db, _step_statements(db.vendor).insert, params) == 1
@@ -222,7 +249,7 @@ def record_step(run, step_id, name, args, kwargs, status, result, error, started
         return None
 
 
-def update_step(run, step_id, from_status, status, result, error, attempts=1):
+def update_step(run, step_id, from_status, status, result, error, attempts=1, despite_cancel=False):
     """Turn a step's row in `from_status` (``started``, or ``retrying``)
     into `status` with `result` and `error` (JSON text, or None) after
     `attempts` calls, in place, fenced. Returns whether it landed."""
@@ -237,7 +264,7 @@ def update_step(run, step_id, from_status, status, result, error, attempts=1):
         _uuid_param(db, run.workflow_id),
         step_id,
         from_status,
-        *_fence_params(db, run),
+        *_fence_params(db, run, despite_cancel),
     ]
     return _execute(db, _step_statements(db.vendor).update, params) == 1
 
@@ -251,6 +278,10 @@ TRANSITIONS = {
     (RUNNING, Workflow.Status.BLOCKED): "an unsafe step's outcome is uncertain",
     (RUNNING, SCHEDULED): "requeued: drained, released or recovered by an operator",
     (Workflow.Status.BLOCKED, SCHEDULED): "an operator resolved its uncertain step",
+    (SCHEDULED, Workflow.Status.CANCELLED): "cancelled before it ran, or while it waited",
+    (Workflow.Status.BLOCKED, Workflow.Status.CANCELLED): "cancelled instead of resolved",
+    (RUNNING, Workflow.Status.CANCELLED): "its runner honoured a cancel at a step boundary",
+    (Workflow.Status.FAILED, SCHEDULED): "an operator retried the failed run",
 }
 
 
@@ -293,6 +324,17 @@ def has_moved(run, to_status):
     ).exists()
 
 
+def cancel_asked(run):
+    """Whether `run` is still held under its claim with a cancel asked of
+    it: why a step's fenced write was refused, if it was not a lost claim."""
+    return Workflow.objects.filter(
+        id=run.workflow_id,
+        status=RUNNING,
+        claim_token=run.claim_token,
+        cancel_requested_at__isnull=False,
+    ).exists()
+
+
 def step_recorded(run, step_id, status):
     """Whether the step `step_id` of `run` is recorded with `status` while
     the run is still this claim's: a lost reply's write had landed."""
@@ -319,8 +361,13 @@ def requeue_runs(run_ids=None, *, claimed_by=None):
     return ids
 
 
-def _fence_params(db, run):
-    return [_uuid_param(db, run.workflow_id), RUNNING, _uuid_param(db, run.claim_token)]
+def _fence_params(db, run, despite_cancel=False):
+    return [
+        _uuid_param(db, run.workflow_id),
+        RUNNING,
+        _uuid_param(db, run.claim_token),
+        despite_cancel,
+    ]
 
 
 _STEP_COLUMNS = (
@@ -349,7 +396,13 @@ def _step_statements(vendor):
     subquery share-locks the run's row (SQLite has one writer at a time
     already); PostgreSQL needs the parameters of an INSERT … SELECT typed."""
     lock = {"postgresql": "FOR SHARE", "mysql": "LOCK IN SHARE MODE"}.get(vendor, "")
-    fence = f"w.id = %s AND w.status = %s AND w.claim_token = %s {lock}"
+    # A run asked to cancel refuses its steps' writes, unless the write says
+    # it lands despite the cancel (the outcome of the step in flight).
+    despite = "CAST(%s AS boolean)" if vendor == "postgresql" else "%s"
+    fence = (
+        f"w.id = %s AND w.status = %s AND w.claim_token = %s "
+        f"AND (w.cancel_requested_at IS NULL OR {despite}) {lock}"
+    )
     if vendor == "postgresql":
         types = [Step._meta.get_field(column).db_type(connection) for column in _STEP_COLUMNS]
         placeholders = ", ".join(f"CAST(%s AS {db_type})" for db_type in types)

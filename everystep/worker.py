@@ -34,7 +34,7 @@ registered in its process; others wait for a worker that has them.
 The worker is an orchestrator over its parts: the options
 (`everystep.options`), the name guard (`everystep.nameguard`), the pool
 (`everystep.pool`), the shutdown (`everystep.shutdown`) and the outage
-tracking shared with the runners (`everystep.retry`).
+tracking shared with the runners (`everystep.transient`).
 """
 
 import heapq
@@ -48,17 +48,19 @@ import time
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from everystep import (
+    clock,
+    cron,
     deadline,
     events,
     metrics,
     registry,
     reporting,
-    retry,
     runner,
     sessions,
     store,
     timeouts,
     tracing,
+    transient,
 )
 from everystep.endpoint import Endpoint
 from everystep.models import Worker as WorkerRow
@@ -111,6 +113,7 @@ class Worker:
         self._next_turn_at = None  # when the loop's next turn is due (monotonic)
         # When notified runs fall due (monotonic; a heap), for a turn then.
         self._due_times = []
+        self._ticker = cron.Ticker(registry.schedules())
         self._due_lock = threading.Lock()
 
     def stop(self):
@@ -140,7 +143,7 @@ class Worker:
             listener = None
             lost = None
             try:
-                retry.retrying(
+                transient.retrying(
                     self._register,
                     what=f"registering worker {self.name}",
                     should_stop=self._shutdown.requested.is_set,
@@ -174,7 +177,7 @@ class Worker:
                 # During an outage the guard may be blocked on the lock's
                 # connection: do not wait for it (the session ends with the
                 # process, or the guard releases it once unblocked).
-                outage = retry.outage.since is not None
+                outage = transient.outage.since is not None
                 self._guard.stop(timeout=1.0 if outage else self.options.db_deadline + 1)
                 self._pool.stop()
             if lost is not None:
@@ -238,18 +241,19 @@ class Worker:
         if not self._guard.held:
             return self.poll  # no claim while the name is in doubt
         # A connection held through an outage may be cut off: replace it first.
-        self._generation = retry.replace_if_outage(self._generation)
-        if sessions.pending() and retry.outage.since is None:
+        self._generation = transient.replace_if_outage(self._generation)
+        if sessions.pending() and transient.outage.since is None:
             self._end_abandoned_sessions()
             self._next_turn_at = time.monotonic()
         if self._pool.capacity <= 0:
             return self.poll  # full: nothing to claim, and nothing learnt of the database
         try:
+            self._schedule_ticks()
             claimed, took_back = self._claim()
         except Exception as exc:  # noqa: BLE001 - told apart in _loop_failed
             return self._loop_failed(exc)
         self._delays = None
-        retry.outage.succeeded()
+        transient.outage.succeeded()
         if claimed:
             events.announce(
                 "claim",
@@ -264,6 +268,13 @@ class Worker:
         for run in claimed:
             self._pool.submit(run)
         return 0 if took_back and self._take_back else self.poll
+
+    def _schedule_ticks(self):
+        """Schedule the run of each cron workflow's latest tick, once per
+        tick: an INSERT that the tick's key lets through for one worker."""
+        for schedule, tick in self._ticker.due(clock.now()):
+            store.insert_tick(schedule.workflow, cron.tick_key(tick), tick)
+            self._ticker.scheduled(schedule, tick)
 
     def _claim(self):
         """Claim runs up to the free capacity: the ones parked under this name
@@ -295,8 +306,8 @@ class Worker:
             if sessions.end_abandoned(connections[DEFAULT_DB_ALIAS]):
                 self._take_back = True
         except Exception as exc:  # noqa: BLE001 - told apart below
-            if retry.is_transient(exc):
-                retry.drop_after(exc)  # still remembered: tried again next turn
+            if transient.is_transient(exc):
+                transient.drop_after(exc)  # still remembered: tried again next turn
                 return
             # The server will not let them be ended (a privilege, a proxy in
             # between): say so once and leave them to its own timeouts.
@@ -319,33 +330,33 @@ class Worker:
             return WorkerRow.State.DRAINING
         if not self._ready:
             return WorkerRow.State.STARTING
-        if retry.outage.since is not None:
+        if transient.outage.since is not None:
             return WorkerRow.State.OUTAGE
         return WorkerRow.State.READY
 
     def _report(self, state):
         """Best effort: record the worker's state now, unless the database is
         known to be away (the heartbeat catches up later)."""
-        if retry.outage.since is not None:
+        if transient.outage.since is not None:
             return
         try:
             with deadline.guard(connections[DEFAULT_DB_ALIAS], f"recording state {state}"):
                 store.worker_heartbeat(self.name, state, len(self._pool.in_flight))
         except Exception as exc:  # noqa: BLE001 - only the workers list shows it
-            retry.drop_after(exc)
+            transient.drop_after(exc)
 
     def _loop_failed(self, exc):
         """A turn failed: an outage (announced once) or a bug (logged with its
         traceback, rate-limited). A claim whose reply was lost may have
         committed, so the next turn takes back this name's parked runs."""
-        if retry.is_transient(exc):
-            retry.outage.failed("claiming runs", exc, connections[DEFAULT_DB_ALIAS])
+        if transient.is_transient(exc):
+            transient.outage.failed("claiming runs", exc, connections[DEFAULT_DB_ALIAS])
         else:
             self._log_loop_error(exc)
         self._take_back = True
-        retry.drop_after(exc)
+        transient.drop_after(exc)
         if self._delays is None:
-            self._delays = retry.backoff_delays(first=self.poll)
+            self._delays = transient.backoff_delays(first=self.poll)
         return next(self._delays)
 
     def health(self):
@@ -363,7 +374,7 @@ class Worker:
             return True, False, "draining"
         if not self._ready:
             return True, False, "starting"
-        if retry.outage.since is not None:
+        if transient.outage.since is not None:
             return True, False, "database unreachable"
         if not self._guard.held:
             return True, False, "the lock on the worker name is being taken again"
@@ -387,7 +398,7 @@ class Worker:
             "loop_error",
             exc_info=(type(exc), exc, exc.__traceback__),
             worker=self.name,
-            error=retry.one_line(exc),
+            error=transient.one_line(exc),
         )
 
     def _start_listener(self):
@@ -448,7 +459,7 @@ class Worker:
         give_up = time.monotonic() + REQUEUE_GRACE
         parked = []
         for job in list(self._pool.in_flight.values()):
-            if retry.outage.since is not None or time.monotonic() > give_up:
+            if transient.outage.since is not None or time.monotonic() > give_up:
                 parked.append(job.claimed.id)
                 continue
             try:

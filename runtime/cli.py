@@ -139,6 +139,23 @@ def build_parser():
         "--claimed-by", metavar="NAME", help="every run parked under this worker name"
     )
 
+    cancel = commands.add_parser(
+        "cancel",
+        help="cancel a run: scheduled or blocked at once, running at its next step boundary",
+    )
+    cancel.add_argument("run_id", metavar="RUN_ID")
+    cancel.add_argument("--reason", help="why, kept as the run's error")
+
+    retry = commands.add_parser(
+        "retry", help="schedule a failed run again: done steps replay, failed ones run again"
+    )
+    retry.add_argument("run_id", metavar="RUN_ID")
+
+    schedules = commands.add_parser(
+        "schedules", help="the cron workflows, their next tick and their latest tick's run"
+    )
+    schedules.add_argument("--json", action="store_true", help="one JSON array")
+
     workers = commands.add_parser(
         "workers", help="the workers that have run on this database, live ones first"
     )

@@ -117,6 +117,19 @@ def requeue(env, args):
     _call("everystep_requeue", *args.run_ids, claimed_by=args.claimed_by)
 
 
+def cancel(env, args):
+    _call("everystep_cancel", args.run_id, reason=args.reason)
+
+
+def retry(env, args):
+    _call("everystep_retry", args.run_id)
+
+
+def schedules(env, args):
+    """The `everystep_schedules` management command."""
+    _call("everystep_schedules", json=args.json)
+
+
 def workers(env, args):
     """The `everystep_workers` management command: the same table and JSON."""
     _call("everystep_workers", json=args.json)
@@ -264,11 +277,11 @@ def _migrate_or_refuse():
     database must be migrated by the operator first."""
     from django.db import connection
 
-    from everystep import retry
+    from everystep import transient
     from everystep.errors import ConfigurationError
 
     try:
-        pending = retry.first_contact(
+        pending = transient.first_contact(
             lambda attempt: _pending_migrations(), what="checking migrations"
         )
     except ConfigurationError as exc:

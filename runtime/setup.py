@@ -10,7 +10,7 @@ from everystep_runtime.errors import UsageError
 
 # Commands that run or schedule workflows need their modules imported; the
 # UI imports them when named, to draw their step graphs.
-NEEDS_WORKFLOWS = {"worker", "schedule"}
+NEEDS_WORKFLOWS = {"worker", "schedule", "schedules"}
 IMPORTS_WORKFLOWS = NEEDS_WORKFLOWS | {"check", "ui"}
 
 

@@ -69,7 +69,8 @@ TEMPLATES = [
 ROOT_URLCONF = "tests.urls"
 LOGIN_URL = "/admin/login/"
 STATIC_URL = "/static/"
-EVERYSTEP_WORKFLOWS = ["tests.workflows"]
+# A test's worker processes may import more (the cron tests' own module).
+EVERYSTEP_WORKFLOWS = os.environ.get("EVERYSTEP_TEST_WORKFLOWS", "tests.workflows").split(",")
 USE_TZ = True
 TIME_ZONE = "UTC"
 SECRET_KEY = "everystep-tests"

@@ -10,7 +10,7 @@ from django.db import connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FINISHED = ("completed", "failed", "stopped")
+FINISHED = ("completed", "failed", "stopped", "cancelled")
 PARTIAL = {
     "everystep_workflow_scheduled",
     "everystep_workflow_claimed_by",

@@ -4,7 +4,7 @@ fails only after the database came back is the outage's tail, not a new one."""
 import pytest
 from django.db import InterfaceError, connections
 
-from everystep import events, retry
+from everystep import events, transient
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,8 +29,8 @@ def opened_connection():
 
 
 def test_a_connection_opened_before_an_outage_failing_after_it_is_no_new_outage(announced):
-    tracker = retry._Outage()
-    tracker.generation = retry.outage.generation  # the generation connections open in now
+    tracker = transient._Outage()
+    tracker.generation = transient.outage.generation  # the generation connections open in now
     cut_off = opened_connection()
     lost = InterfaceError("connection already closed")
     try:
@@ -42,11 +42,11 @@ def test_a_connection_opened_before_an_outage_failing_after_it_is_no_new_outage(
         assert tracker.since is None
 
         # A connection opened since then that fails is a new outage.
-        retry.outage.generation, saved = tracker.generation, retry.outage.generation
+        transient.outage.generation, saved = tracker.generation, transient.outage.generation
         try:
             fresh = opened_connection()
         finally:
-            retry.outage.generation = saved
+            transient.outage.generation = saved
         tracker.failed("recording step 2", lost, fresh)
         assert announced == ["db_outage", "db_recovered", "db_outage"]
         fresh.close()

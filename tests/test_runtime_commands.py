@@ -195,6 +195,26 @@ def test_schedule_refuses_a_bad_time_in_one_line_with_exit_2(everystep):
     assert not Workflow.objects.exists()
 
 
+def test_cancel_and_retry_from_the_command_line(everystep):
+    run_id = everystep("schedule", "quick", "1").stdout.strip()
+    cancelled = everystep("cancel", run_id, "--reason", "not needed")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert f"run {run_id} cancelled" in cancelled.stdout
+    run = Workflow.objects.get(id=run_id)
+    assert (run.status, run.error["message"]) == ("cancelled", "not needed")
+
+    again = everystep("cancel", run_id)
+    assert again.returncode == 2 and "is cancelled" in one_line_error(again)
+    refused = everystep("retry", run_id)
+    assert refused.returncode == 2 and "not failed" in one_line_error(refused)
+
+    Workflow.objects.filter(id=run_id).update(status="failed")
+    retried = everystep("retry", run_id)
+    assert retried.returncode == 0, retried.stderr
+    assert Workflow.objects.get(id=run_id).status == "scheduled"
+    assert everystep("cancel", "nope").returncode == 2
+
+
 def test_runs_limit_is_from_1_to_10000(everystep):
     for limit in ("0", "-1", "10001", "1000000000000000000000000000000"):
         result = everystep("runs", "--limit", limit)

@@ -146,6 +146,25 @@ def test_a_blocked_run_is_resolved_by_clicking(operator, live_server, calls):
     no_console_errors(operator)
 
 
+def test_a_run_is_cancelled_and_a_failed_one_retried_by_clicking(operator, live_server):
+    run = schedule(workflows.quick, 1, delay=3600)
+    operator.get(f"{live_server.url}/everystep/run/{run.id}")
+    operator.find_element(By.NAME, "reason").send_keys("ordered twice")
+    screenshot(operator, "ui-run-cancel")
+    operator.find_element(By.NAME, "cancel").click()
+    wait_for_text(operator, "Cancelled.")
+    assert operator.find_element(By.ID, "run-status").text == "cancelled"
+    assert "ordered twice" in operator.find_element(By.CLASS_NAME, "run-error").text
+
+    failed = run_to_end(workflows.failing_body)
+    operator.get(f"{live_server.url}/everystep/run/{failed.id}")
+    operator.find_element(By.NAME, "retry").click()
+    wait_for_text(operator, "Retried: the run is scheduled again")
+    assert operator.find_element(By.ID, "run-status").text == "scheduled"
+    assert Workflow.objects.get(id=failed.id).status == Workflow.Status.SCHEDULED
+    no_console_errors(operator)
+
+
 def test_a_form_without_its_csrf_token_is_refused(operator, live_server, calls):
     run = blocked_payment(calls)
     operator.get(f"{live_server.url}/everystep/run/{run.id}")

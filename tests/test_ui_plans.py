@@ -147,7 +147,7 @@ ONE_STATUS_INDEXES = (
     "everystep_workflow_blocked",
     *(
         f"everystep_run_{status}{index}"
-        for status in ("completed", "failed", "stopped")
+        for status in ("completed", "failed", "stopped", "cancelled")
         for index in ("", "_name", "_worker")
     ),
 )

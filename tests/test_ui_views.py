@@ -91,6 +91,7 @@ def test_the_runs_page_lists_runs_newest_first_with_counts_per_status(viewer):
         "failed": 0,
         "stopped": 0,
         "blocked": 0,
+        "cancelled": 0,
     }
     first = data["runs"][1]
     assert first["steps"] == {"total": 2, "done": 2, "failed": 0}
@@ -226,6 +227,44 @@ def test_resolving_a_blocked_run_by_its_form_schedules_it_and_logs_who(operator,
     assert record.user == "operator" and record.run_id == str(run.id)
     assert attempt() == Workflow.Status.COMPLETED
     assert calls["charge"] == 1
+
+
+def test_cancelling_and_retrying_by_their_buttons_and_the_refusals(operator, viewer, caplog):
+    scheduled = schedule(workflows.quick, 1)
+    page_url = f"/everystep/run/{scheduled.id}"
+    assert "Cancel the run" in operator.get(page_url).content.decode()
+    assert "Cancel the run" not in viewer.get(page_url).content.decode()
+    with caplog.at_level(logging.INFO, logger="everystep.ui"):
+        response = submit(
+            operator, page_url, f"{page_url}/cancel", {"reason": "ordered twice", "cancel": ""}
+        )
+    assert response.status_code == 303 and "notice=cancelled" in response["Location"]
+    scheduled.refresh_from_db()
+    assert (scheduled.status, scheduled.error["message"]) == ("cancelled", "ordered twice")
+    [record] = [r for r in caplog.records if getattr(r, "action", "") == "ui_cancel"]
+    assert record.user == "operator" and record.run_id == str(scheduled.id)
+
+    running = park(workflows.quick, 2, worker="busy")
+    response = submit(
+        operator, f"/everystep/run/{running.id}", f"/everystep/run/{running.id}/cancel", {}
+    )
+    assert "notice=cancelling" in response["Location"]
+    assert "Cancel asked at" in operator.get(f"/everystep/run/{running.id}").content.decode()
+
+    failed = run_to_end(workflows.failing_body)
+    failed_url = f"/everystep/run/{failed.id}"
+    assert "Cancel the run" not in operator.get(failed_url).content.decode()
+    response = submit(operator, failed_url, f"{failed_url}/retry", {})
+    assert response.status_code == 303
+    assert Workflow.objects.get(id=failed.id).status == "scheduled"
+
+    # A second click, once the run has moved on: refused with the reason.
+    refused = operator.post(
+        f"{page_url}/cancel",
+        {"csrfmiddlewaretoken": operator.cookies["csrftoken"].value},
+    )
+    assert refused.status_code == 409
+    assert "is cancelled: only a scheduled, running or blocked run" in text(refused)
 
 
 def test_an_action_without_the_csrf_token_is_refused(operator, calls):

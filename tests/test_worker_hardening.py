@@ -11,7 +11,7 @@ import time
 import pytest
 from django.db import InterfaceError, OperationalError, connection, connections
 
-from everystep import deadline, retry, schedule, store, timeouts
+from everystep import deadline, schedule, store, timeouts, transient
 from everystep.models import Workflow
 from tests import workflows
 from tests.helpers import database_url, park, statuses, wait_until
@@ -155,7 +155,7 @@ def test_an_engine_operation_past_its_deadline_has_its_connection_given_up(monke
                 f"SELECT pg_terminate_backend({session})" if postgres else f"KILL {session}"
             )
     assert time.monotonic() - began < 5
-    assert retry.is_transient(failure.value)
+    assert transient.is_transient(failure.value)
 
 
 @servers_only

@@ -461,3 +461,57 @@ def retried_unsafe(failures):
 @workflow
 def not_retried(kind):
     return wrong_error("wrong") if kind == "wrong" else gives_up("terminal")
+
+
+@step
+def cancel_my_run():
+    """Asks to cancel the run it belongs to, and finishes all the same."""
+    everystep.cancel(context.current().workflow_id, reason="changed my mind")
+    return "asked"
+
+
+@workflow
+def cancels_itself():
+    cancel_my_run()
+    return counted("after-cancel")
+
+
+@step
+def fails_on_the_first_call(tag):
+    count(tag)
+    if calls[tag] == 1:
+        raise CustomError(f"{tag} failed the first time")
+    return tag
+
+
+@workflow
+def fails_once_after_a_step():
+    return [counted("one"), fails_on_the_first_call("two")]
+
+
+@workflow
+def gated_sleeper(directory, seconds):
+    """A gate, a durable sleep, another gate: the gates' files count the
+    calls across processes."""
+    first = gate(directory, "before")
+    everystep.sleep(seconds)
+    return [first, gate(directory, "after")]
+
+
+@step(retries=2, backoff=3, max_backoff=3)
+def fails_first_call(directory):
+    """Counts its calls in a file; the first one fails. Its retry waits
+    1.5 to 3 s: durably, the run leaving its worker."""
+    import pathlib
+
+    marks = pathlib.Path(directory) / "calls"
+    with marks.open("a") as file:
+        file.write("x")
+    if len(marks.read_text()) == 1:
+        raise Flaky("the first call fails")
+    return len(marks.read_text())
+
+
+@workflow
+def retried_across_workers(directory):
+    return fails_first_call(directory)

@@ -4,7 +4,8 @@ Pages: the runs (filters, search, counts per status, keyset pages), one
 run (its values, steps, graph and timeline), the blocked runs and the
 workers. Each renders `everystep.ui.snapshots` data; asked by htmx, only
 its live part, which the page fetches again when the stream says it
-changed. Actions — resolve a blocked step, requeue a lost worker's runs —
+changed. Actions — resolve a blocked step, cancel a run, retry a failed
+one, requeue a lost worker's runs —
 call the library functions the command line calls, with the same
 refusals, and answer a refusal with its reason.
 """
@@ -18,7 +19,7 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
 
-from everystep import operations
+from everystep import control, operations
 from everystep.errors import EverystepError
 from everystep.models import Workflow
 from everystep.recovery import resolve_step
@@ -26,8 +27,12 @@ from everystep.ui import access, drawing, filters, responses, snapshots
 
 logger = logging.getLogger("everystep.ui")
 
+CANCELLABLE = (Workflow.Status.SCHEDULED, Workflow.Status.RUNNING, Workflow.Status.BLOCKED)
 NOTICES = {
     "resolved": "Resolved: the run is scheduled again.",
+    "cancelled": "Cancelled.",
+    "cancelling": "Asked to cancel: the run stops at its next step boundary.",
+    "retried": "Retried: the run is scheduled again; its done steps will replay.",
     "requeued": "Requeued: any worker may now resume those runs.",
 }
 
@@ -101,6 +106,8 @@ def _run_context(data, **extra):
         "uncertain": [s for s in steps if s.status == "started"]
         if found.status == Workflow.Status.BLOCKED
         else [],
+        "may_cancel": found.status in CANCELLABLE,
+        "may_retry": found.status == Workflow.Status.FAILED,
         "stream_query": _stream_query("run", {"id": str(found.id)}, data),
         **extra,
     }
@@ -152,6 +159,37 @@ def resolve(request, run_id):
         resolution=how,
     )
     return _back(reverse("everystep:run", args=[run_id]), "resolved")
+
+
+@access.actor
+@transaction.non_atomic_requests
+def cancel(request, run_id):
+    """Cancel the run: at once, or at its next step boundary if it runs."""
+    reason = request.POST.get("reason", "").strip()[:500] or None
+    try:
+        status = control.cancel(run_id, reason)
+    except EverystepError as exc:
+        return _refused(request, run_id, str(exc), 409)
+    running = status == Workflow.Status.RUNNING
+    access.acted(
+        request,
+        "cancel",
+        f"run {run_id}: {'cancel asked' if running else 'cancelled'}",
+        run_id=str(run_id),
+    )
+    return _back(reverse("everystep:run", args=[run_id]), "cancelling" if running else "cancelled")
+
+
+@access.actor
+@transaction.non_atomic_requests
+def retry(request, run_id):
+    """Schedule the failed run again."""
+    try:
+        control.retry(run_id)
+    except EverystepError as exc:
+        return _refused(request, run_id, str(exc), 409)
+    access.acted(request, "retry", f"run {run_id}: retried", run_id=str(run_id))
+    return _back(reverse("everystep:run", args=[run_id]), "retried")
 
 
 class BadForm(EverystepError):

@@ -1,0 +1,83 @@
+"""An operator's control of a run: cancel it, retry it after it failed.
+
+Both are what the command line, ``manage.py`` and the operator UI call,
+with the same refusals (`EverystepError`, saying why).
+
+- `cancel`: a ``scheduled`` run (also one sleeping or waiting to retry a
+  step) or a ``blocked`` one becomes ``cancelled`` at once. A ``running``
+  one is asked to stop: its runner records the step in flight, starts no
+  further step and ends the run ``cancelled``. If that runner's worker has
+  died, the next claim of the run (its take-back, or any worker after a
+  requeue) ends it so, without running a step.
+- `retry`: a ``failed`` run returns to ``scheduled``, due now. Its ``done``
+  steps stay recorded and are served on replay; its ``failed`` step records
+  are removed, so those steps run again. Steps still ``retrying`` or
+  ``started`` cannot be left in a failed run.
+"""
+
+import uuid
+
+from django.db import transaction
+
+from everystep import clock, serde, store
+from everystep.errors import Cancelled, EverystepError
+from everystep.models import Step, Workflow
+
+Status = Workflow.Status
+
+
+def cancel(run_id, reason=None):
+    """Cancel the run `run_id`, for `reason` (stored as its error). Returns
+    its status: ``cancelled``, or ``running`` when its runner was asked to
+    stop at the next step boundary. `EverystepError` for a run that has
+    finished, or no such run."""
+    with transaction.atomic():
+        run = _locked(run_id)
+        error = serde.encode_exception(Cancelled(reason or "cancelled by an operator"))
+        if run.status in (Status.SCHEDULED, Status.BLOCKED):
+            store.transition([run.id], run.status, Status.CANCELLED, error=error)
+            return Status.CANCELLED
+        if run.status == Status.RUNNING:
+            Workflow.objects.filter(id=run.id, status=Status.RUNNING).update(
+                cancel_requested_at=clock.now(), error=error
+            )
+            return Status.RUNNING
+    raise EverystepError(
+        f"run {run.id} is {run.status}: only a scheduled, running or blocked run can be cancelled"
+    )
+
+
+def retry(run_id):
+    """Return the failed run `run_id` to ``scheduled``, due now: its done
+    steps replay, its failed steps run again. Returns ``scheduled``;
+    `EverystepError` for a run that is not failed, or no such run."""
+    with transaction.atomic():
+        run = _locked(run_id)
+        if run.status != Status.FAILED:
+            raise EverystepError(
+                f"run {run.id} is {run.status}, not failed: only a failed run can be retried"
+            )
+        Step.objects.filter(workflow_id=run.id).exclude(status=Step.Status.DONE).delete()
+        store.transition(
+            [run.id],
+            Status.FAILED,
+            Status.SCHEDULED,
+            error=None,
+            completed_at=None,
+            claimed_by=None,
+            claimed_at=None,
+            run_at=clock.now(),
+        )
+    return Status.SCHEDULED
+
+
+def _locked(run_id):
+    """The run `run_id`, its row locked until the transaction ends."""
+    try:
+        run_id = uuid.UUID(str(run_id))
+    except ValueError:
+        raise EverystepError(f"{run_id!r} is not a run id") from None
+    run = Workflow.objects.select_for_update().filter(id=run_id).first()
+    if run is None:
+        raise EverystepError(f"no run {run_id}")
+    return run
