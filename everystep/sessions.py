@@ -31,8 +31,10 @@ NOTED_PER_CONNECTION = 8
 # A session of ours (same user) whose backend is as old as the connection
 # that opened it (`age` seconds, less a second for the connect): a pid reused
 # by a backend started after ours ended is younger.
+# pg_terminate_backend waits (up to a second) for the session to be gone,
+# and with it its row locks: the take-back that follows then finds the runs.
 _PG_END_SQL = """
-    SELECT a.pid, pg_terminate_backend(a.pid)
+    SELECT a.pid, pg_terminate_backend(a.pid, 1000)
       FROM pg_stat_activity a
       JOIN unnest(%s::int[], %s::float8[]) AS abandoned(pid, age) ON a.pid = abandoned.pid
      WHERE a.usename = current_user
@@ -62,7 +64,7 @@ class Note:
     connects, from the driver and this process (no round trip): the server
     sessions of its last few connections with when each opened (`abandon`
     remembers them), and the outage generation its latest connection opened
-    in (`everystep.retry`: a connection older than the latest outage may
+    in (`everystep.transient`: a connection older than the latest outage may
     have been cut off by it)."""
 
     __slots__ = ("sessions", "outage_generation")
@@ -84,7 +86,7 @@ def on_connection_created(sender, connection, **kwargs):
     the id once the connection failed). The last few sessions are kept:
     Django may reconnect on its own after a failure (leaving a transaction
     whose rollback failed) before the engine drops the wrapper's connection."""
-    from everystep.retry import outage  # retry imports this module
+    from everystep.transient import outage  # retry imports this module
 
     note = connection.__dict__.get("everystep_note")
     if note is None:

@@ -199,11 +199,25 @@ def wait_for(
         poll_frequency=POLL_INTERVAL,
         ignored_exceptions=(NoSuchElementException, StaleElementReferenceException),
     )
+
+    def checked(driver):
+        try:
+            return condition(driver)
+        except WebDriverException as exc:
+            # Chromium's word for an element of a page being replaced by the
+            # next one (a navigation under way): stale, so not yet.
+            if REPLACED_NODE in str(exc):
+                return None
+            raise
+
     try:
-        return wait.until(condition)
+        return wait.until(checked)
     except TimeoutException:
         what = message or getattr(condition, "__name__", repr(condition))
         pytest.fail(f"timed out after {timeout}s waiting for {what}; {_page_state(driver, what)}")
+
+
+REPLACED_NODE = "does not belong to the document"
 
 
 def wait_for_text(driver: webdriver.Chrome, text: str, timeout: float = WAIT_TIMEOUT) -> WebElement:
