@@ -66,6 +66,7 @@ def retry(run_id):
             completed_at=None,
             claimed_by=None,
             claimed_at=None,
+            cancel_requested_at=None,  # a cancel asked before it failed is spent
             run_at=clock.now(),
         )
     return Status.SCHEDULED

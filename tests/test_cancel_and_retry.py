@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from everystep import cancel, retry, schedule, store
 from everystep.errors import EverystepError
@@ -132,6 +133,19 @@ def test_retrying_a_failed_run_replays_its_done_steps_and_runs_the_failed_one_ag
     run.refresh_from_db()
     assert run.result == ["one", "two"]
     assert (calls["one"], calls["two"]) == (1, 2)
+
+
+def test_a_retried_run_is_not_cancelled_by_a_cancel_asked_before_it_failed():
+    """Asked to cancel while it ran, it failed first; the retry is what the
+    operator wants now: the old request does not cancel the new attempt."""
+    run = Workflow.objects.create(
+        name=workflows.quick.__everystep_workflow__,
+        args=[1],
+        status=Workflow.Status.FAILED,
+        cancel_requested_at=timezone.now(),
+    )
+    retry(run.id)
+    assert attempt() == Workflow.Status.COMPLETED
 
 
 @pytest.mark.parametrize("status", ["scheduled", "running", "completed", "stopped", "blocked"])
