@@ -119,6 +119,29 @@ def test_a_worker_serves_the_reference_metrics_and_ours(spawn_worker):
     assert worker.wait() == 0
 
 
+def test_cancelled_runs_retried_calls_and_runs_not_yet_due_in_the_metrics(spawn_worker):
+    worker = metrics_worker(spawn_worker, "controlled").wait_ready()
+    cancelled = schedule(workflows.cancels_itself).id
+    retried = schedule(workflows.retried, 2).id
+    later = schedule(workflows.quick, 1, delay=3600).id
+    wait_until(lambda: statuses([cancelled, retried]) == {"cancelled": 1, "completed": 1})
+
+    def scraped_after_the_queue_read():
+        scraped = samples(get(worker.metrics_port, "/metrics")[1])
+        return scraped if value(scraped, "everystep_workflows_pending") == 0 else None
+
+    scraped = wait_until(scraped_after_the_queue_read, timeout=30, message="the queue gauges")
+    runs_total = "everystep_workflow_runs_total"
+    workflow = "tests.workflows.cancels_itself"
+    assert value(scraped, runs_total, workflow=workflow, status="cancelled") == 1
+    flaky = {"workflow": "tests.workflows.retried", "step": "tests.workflows.flaky"}
+    assert value(scraped, "everystep_step_runs_total", **flaky, status="retrying") == 2
+    assert value(scraped, "everystep_step_runs_total", **flaky, status="done") == 1
+    assert Workflow.objects.get(id=later).status == "scheduled"  # waiting: not pending
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0
+
+
 def test_a_real_prometheus_scrapes_a_worker_and_answers_promql(
     spawn_worker,
     prometheus_server,  # noqa: F811
