@@ -34,12 +34,14 @@ def test_a_worker_killed_while_its_run_sleeps_loses_nothing(spawn_worker, tmp_pa
     run = schedule(workflows.gated_sleeper, str(tmp_path), 2.0)
     first = spawn_worker("sleeps-first").wait_ready()
     wait_until(
-        lambda: Step.objects.filter(workflow_id=run.id, name="everystep.sleep").exists(),
-        message="the run to record its sleep",
+        lambda: (
+            Step.objects.filter(workflow_id=run.id, name="everystep.sleep").exists()
+            and status_of(run) == "scheduled"
+        ),
+        message="the run to record its sleep and leave the worker",
     )
     first.send(signal.SIGKILL)
     first.wait()
-    assert status_of(run) == "scheduled"
 
     second = spawn_worker("wakes-it").wait_ready()
     wait_until(lambda: status_of(run) == "completed", message="the run to wake and complete")
@@ -54,8 +56,11 @@ def test_a_worker_killed_while_a_step_waits_for_its_retry_loses_nothing(spawn_wo
     run = schedule(workflows.retried_across_workers, str(tmp_path))
     first = spawn_worker("fails-first").wait_ready()
     wait_until(
-        lambda: Step.objects.filter(workflow_id=run.id, status="retrying").exists(),
-        message="the step to wait for its retry",
+        lambda: (
+            Step.objects.filter(workflow_id=run.id, status="retrying").exists()
+            and status_of(run) == "scheduled"
+        ),
+        message="the step to wait for its retry, the run off the worker",
     )
     first.send(signal.SIGKILL)
     first.wait()
