@@ -198,15 +198,16 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, retry_pol
             if not retrying:
                 break
             wait = retry_policy.wait(attempt)
+            retry_at = clock.now() + datetime.timedelta(seconds=wait)
+            retry_at_text = serde.dumps(serde.to_json(retry_at))
             last_error = outcome.error_text
             _announce_retry(run, step, attempt, retry_policy, error, wait)
             if wait > attempts.IN_PLACE_SECONDS or ctx.draining:
-                retry_at = clock.now() + datetime.timedelta(seconds=wait)
                 _record(
                     run,
                     step,
                     Step.Status.RETRYING,
-                    serde.dumps(serde.to_json(retry_at)),
+                    retry_at_text,
                     outcome.error_text,
                     replacing=row,
                     attempts=attempt,
@@ -225,7 +226,7 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, retry_pol
                     run,
                     step,
                     Step.Status.RETRYING,
-                    None,
+                    retry_at_text,
                     outcome.error_text,
                     replacing=row,
                     attempts=attempt,

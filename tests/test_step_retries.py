@@ -4,6 +4,7 @@ as a durable sleep does, and the engine's clock is moved instead of waited
 for. The step's record keeps its attempts and the last error."""
 
 import re
+import time
 import uuid
 
 import pytest
@@ -114,6 +115,32 @@ def test_an_unsafe_step_that_crashed_during_a_retry_blocks_the_run(calls):
     runner.fault = None
     assert attempt(parked=True) == Workflow.Status.BLOCKED
     assert calls["charge"] == 2
+
+
+def test_a_crash_during_an_unsafe_steps_wait_in_place_retries_it_on_resume(
+    calls, monkeypatch, moved_clock
+):
+    """The unsafe step's first call raised (its outcome known, recorded as
+    retrying with its retry time); the process died during the short wait
+    before the next call. The attempt that takes the run back retries it."""
+
+    class DiesWhileWaiting:
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds):
+            raise SimulatedCrash("died during the wait")
+
+    monkeypatch.setattr(runner, "time", DiesWhileWaiting)
+    run = schedule(workflows.retried_unsafe, 1)
+    assert attempt() == Workflow.Status.RUNNING
+    assert (the_step(run).status, calls["charge"]) == (Step.Status.RETRYING, 1)
+    monkeypatch.undo()
+
+    moved_clock.advance(1)
+    assert attempt(parked=True) == Workflow.Status.COMPLETED
+    assert calls["charge"] == 2
+    assert (the_step(run).status, the_step(run).attempts) == (Step.Status.DONE, 2)
 
 
 @pytest.mark.parametrize(
