@@ -12,7 +12,7 @@ import threading
 import time
 
 from everystep import attempts, clock, context, events, registry
-from everystep.errors import EngineSignal, EverystepError, Terminal
+from everystep.errors import Cancelled, ClaimLost, EngineSignal, EverystepError, Terminal
 
 
 def workflow(func=None, *, cron=None, timezone="UTC", **options):
@@ -227,7 +227,8 @@ def _raise_branch_errors(errors):
     """Raise what a fork's failed branches amount to (see `parallel`)."""
     if not errors:
         return
-    for urgent in (EngineSignal, Terminal):
+    # A cancel or a lost claim outranks a sleep or a drain in a sibling.
+    for urgent in ((Cancelled, ClaimLost), EngineSignal, Terminal):
         for error in errors:
             if isinstance(error, urgent):
                 raise error

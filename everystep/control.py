@@ -10,9 +10,10 @@ with the same refusals (`EverystepError`, saying why).
   died, the next claim of the run (its take-back, or any worker after a
   requeue) ends it so, without running a step.
 - `retry`: a ``failed`` run returns to ``scheduled``, due now. Its ``done``
-  steps stay recorded and are served on replay; its ``failed`` step records
-  are removed, so those steps run again. Steps still ``retrying`` or
-  ``started`` cannot be left in a failed run.
+  steps stay recorded and are served on replay; its ``failed`` (and
+  ``retrying``) step records are removed, so those steps run again. A
+  ``started`` record of an unsafe step stays: its effect is unknown, so the
+  replay blocks the run on it for an operator to resolve.
 """
 
 import uuid
@@ -57,7 +58,11 @@ def retry(run_id):
             raise EverystepError(
                 f"run {run.id} is {run.status}, not failed: only a failed run can be retried"
             )
-        Step.objects.filter(workflow_id=run.id).exclude(status=Step.Status.DONE).delete()
+        # A started row stays: an unsafe step whose outcome is unknown must
+        # not run again, so the replay blocks the run on it, to be resolved.
+        Step.objects.filter(
+            workflow_id=run.id, status__in=[Step.Status.FAILED, Step.Status.RETRYING]
+        ).delete()
         store.transition(
             [run.id],
             Status.FAILED,

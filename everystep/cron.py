@@ -65,6 +65,15 @@ def schedule_for(func, name, expression, timezone):
             f"workflow {name}: timezone {timezone!r} is not a time zone name, such as "
             f"'UTC' or 'Europe/Paris'"
         ) from None
+    schedule = Schedule(name, expression, timezone)
+    now = datetime.datetime.now(datetime.UTC)
+    try:
+        schedule.latest_tick(now)
+        schedule.next_tick(now)
+    except Exception:  # noqa: BLE001 - croniter's own errors: a date that never comes
+        raise EverystepError(
+            f"workflow {name}: cron {expression!r} names a date that never comes"
+        ) from None
     required = [
         parameter.name
         for parameter in inspect.signature(func).parameters.values()
@@ -76,7 +85,7 @@ def schedule_for(func, name, expression, timezone):
             f"workflow {name}: a cron workflow is called with no arguments, but it needs "
             f"{', '.join(required)}"
         )
-    return Schedule(name, expression, timezone)
+    return schedule
 
 
 def tick_key(tick):

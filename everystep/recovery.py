@@ -68,4 +68,5 @@ def resolve_step(workflow_id, step_id, *, result=_UNSET, error=None, discard=Fal
             claimed_at=None,
             error=None,
             completed_at=None,
+            cancel_requested_at=None,  # resolving it is asking it to go on
         )

@@ -115,6 +115,8 @@ def _attempt(claimed, run):
     except EffectUncertain as exc:
         return _finish(run, Status.BLOCKED, started, error=serde.encode_exception(exc))
     except Sleeping as exc:
+        if run.cancel_asked:  # learnt as it recorded the sleep: it sleeps no more
+            return _finish(run, Status.CANCELLED, started)
         if not _move(run, Status.SCHEDULED, "putting to sleep", run_at=exc.wake_at):
             return _lost(run)
         events.announce(

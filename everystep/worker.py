@@ -245,10 +245,10 @@ class Worker:
         if sessions.pending() and transient.outage.since is None:
             self._end_abandoned_sessions()
             self._next_turn_at = time.monotonic()
+        self._schedule_ticks()  # a full pool still lets a tick's run wait its turn
         if self._pool.capacity <= 0:
             return self.poll  # full: nothing to claim, and nothing learnt of the database
         try:
-            self._schedule_ticks()
             claimed, took_back = self._claim()
         except Exception as exc:  # noqa: BLE001 - told apart in _loop_failed
             return self._loop_failed(exc)
@@ -271,9 +271,19 @@ class Worker:
 
     def _schedule_ticks(self):
         """Schedule the run of each cron workflow's latest tick, once per
-        tick: an INSERT that the tick's key lets through for one worker."""
+        tick: an INSERT that the tick's key lets through for one worker. A
+        tick that cannot be inserted is tried again next turn; its failure
+        never keeps the worker from claiming."""
         for schedule, tick in self._ticker.due(clock.now()):
-            store.insert_tick(schedule.workflow, cron.tick_key(tick), tick)
+            try:
+                with deadline.guard(connections[DEFAULT_DB_ALIAS], "scheduling a cron tick"):
+                    store.insert_tick(schedule.workflow, cron.tick_key(tick), tick)
+            except Exception as exc:  # noqa: BLE001 - the claim that follows meets an outage too
+                if transient.is_transient(exc):
+                    transient.drop_after(exc)
+                else:
+                    self._log_loop_error(exc)
+                return
             self._ticker.scheduled(schedule, tick)
 
     def _claim(self):

@@ -67,6 +67,12 @@ def test_a_running_run_is_cancelled_after_its_step_in_flight_is_recorded(calls):
     assert calls["after-cancel"] == 0
 
 
+def test_a_cancel_learnt_in_one_branch_outranks_a_sleep_in_another():
+    run = schedule(workflows.sleeps_while_a_branch_cancels)
+    assert attempt() == CANCELLED
+    assert status_of(run) == CANCELLED
+
+
 def test_cancelling_a_running_run_only_asks_and_says_so():
     run = park(workflows.quick, 1, worker="busy")
     assert cancel(run.id) == Workflow.Status.RUNNING
@@ -133,6 +139,21 @@ def test_retrying_a_failed_run_replays_its_done_steps_and_runs_the_failed_one_ag
     run.refresh_from_db()
     assert run.result == ["one", "two"]
     assert (calls["one"], calls["two"]) == (1, 2)
+
+
+def test_retrying_keeps_an_unsafe_steps_unknown_outcome_and_blocks_on_it(calls):
+    """An unsafe step started and the run failed before its outcome was
+    written (it could not be stored): retrying must not charge again."""
+    run = Workflow.objects.create(
+        name=workflows.pay.__everystep_workflow__, args=[30], status=Workflow.Status.FAILED
+    )
+    Step.objects.create(
+        workflow=run, step_id="1", name="tests.workflows.charge", status=Step.Status.STARTED
+    )
+    retry(run.id)
+    assert recorded_steps(run)["1"][1] == Step.Status.STARTED
+    assert attempt() == Workflow.Status.BLOCKED
+    assert calls["charge"] == 0
 
 
 def test_a_retried_run_is_not_cancelled_by_a_cancel_asked_before_it_failed():

@@ -120,6 +120,7 @@ def test_a_worker_runs_each_tick_once_as_the_clock_moves(cron_workflows, embedde
     [
         ({"cron": "61 * * * *"}, "<locals>.bad: cron '61 * * * *' is not a cron expression"),
         ({"cron": "every day"}, "is not a cron expression"),
+        ({"cron": "0 0 30 2 *"}, "names a date that never comes"),
         ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "'Mars/Olympus' is not a time zone"),
         ({"retries": 3}, "retries are a step's option"),
     ],

@@ -3,10 +3,14 @@ every index, including those each backend gets its own way, and nothing
 the models declare that no migration made."""
 
 import io
+import uuid
 
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.utils import timezone
+
+from everystep import store
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,3 +54,21 @@ def test_the_claim_index_leads_with_the_due_time():
 def test_the_models_need_no_migration_that_is_not_written():
     out = io.StringIO()
     call_command("makemigrations", "everystep", "--check", "--dry-run", stdout=out)
+
+
+def test_a_run_inserted_without_a_due_time_is_due_at_once():
+    """What a process of the previous version inserts during a rolling
+    deploy: no run_at. The database makes it due now (on SQLite, due since
+    long ago), so it is claimed as before."""
+    run_id = uuid.uuid4()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO everystep_workflow (id, name, args, status, created_at) "
+            "VALUES (%s, 'tests.workflows.quick', '[1]', 'scheduled', %s)",
+            [
+                str(run_id) if connection.vendor == "postgresql" else run_id.hex,
+                connection.ops.adapt_datetimefield_value(timezone.now()),
+            ],
+        )
+    [claimed] = store.claim("tests", 1, ["tests.workflows.quick"])
+    assert claimed.id == run_id

@@ -515,3 +515,9 @@ def fails_first_call(directory):
 @workflow
 def retried_across_workers(directory):
     return fails_first_call(directory)
+
+
+@workflow
+def sleeps_while_a_branch_cancels():
+    """Branch 0 goes to sleep; branch 1's step cancels the run."""
+    return parallel(lambda: everystep.sleep(3600), cancel_my_run)

@@ -66,11 +66,15 @@ $$ LANGUAGE plpgsql;
 
 # The column is added by hand, in place: Django would rebuild the table on
 # SQLite to add a NOT NULL column, and the rebuild would drop the partial
-# indexes it does not know of (migrations 0002–0008).
+# indexes it does not know of (migrations 0002–0008). The database also gets
+# a default of now, so that a process still running the previous version
+# during a rolling deploy inserts runs that are due at once.
 ADD_RUN_AT = {
     "postgresql": [
-        "ALTER TABLE everystep_workflow ADD COLUMN run_at timestamp with time zone NULL",
-        "UPDATE everystep_workflow SET run_at = created_at",
+        "ALTER TABLE everystep_workflow "
+        "ADD COLUMN IF NOT EXISTS run_at timestamp with time zone NULL",
+        "UPDATE everystep_workflow SET run_at = created_at WHERE run_at IS NULL",
+        "ALTER TABLE everystep_workflow ALTER COLUMN run_at SET DEFAULT now()",
         "ALTER TABLE everystep_workflow ALTER COLUMN run_at SET NOT NULL",
     ],
     "sqlite": [
@@ -79,9 +83,10 @@ ADD_RUN_AT = {
         "UPDATE everystep_workflow SET run_at = created_at",
     ],
     "mysql": [
-        "ALTER TABLE everystep_workflow ADD COLUMN run_at datetime(6) NULL",
-        "UPDATE everystep_workflow SET run_at = created_at",
-        "ALTER TABLE everystep_workflow MODIFY run_at datetime(6) NOT NULL",
+        "ALTER TABLE everystep_workflow ADD COLUMN IF NOT EXISTS run_at datetime(6) NULL",
+        "UPDATE everystep_workflow SET run_at = created_at WHERE run_at IS NULL",
+        "ALTER TABLE everystep_workflow "
+        "MODIFY run_at datetime(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))",
     ],
 }
 DROP_RUN_AT = {
