@@ -282,3 +282,7 @@ def browser(request: pytest.FixtureRequest) -> Iterator[webdriver.Chrome]:
     if request.session.testsfailed > failures_before:
         with contextlib.suppress(*BROWSER_GONE, OSError):
             screenshot(driver, f"{request.node.nodeid}-failed")
+    # A page left open would go on updating itself from the live server
+    # (whose thread outlives the test), into the tests that follow.
+    with contextlib.suppress(*BROWSER_GONE):
+        driver.get("about:blank")
