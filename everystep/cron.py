@@ -95,23 +95,23 @@ def tick_key(tick):
 
 class Ticker:
     """What one worker schedules of the cron workflows it has: the latest
-    tick of each, once per tick (it remembers what it scheduled)."""
+    tick of each, once per tick. It remembers when each workflow's next tick
+    comes, so a turn of the loop between ticks computes nothing."""
 
     def __init__(self, schedules):
         self.schedules = list(schedules)
-        self._scheduled = {}  # workflow → the latest tick this process scheduled
+        self._next = {}  # workflow → when its tick after the one scheduled comes
 
     def due(self, now):
         """``[(schedule, tick)]``: the ticks come since this process last
         scheduled each workflow's."""
-        due = []
-        for schedule in self.schedules:
-            tick = schedule.latest_tick(now)
-            if self._scheduled.get(schedule.workflow) != tick:
-                due.append((schedule, tick))
-        return due
+        return [
+            (schedule, schedule.latest_tick(now))
+            for schedule in self.schedules
+            if schedule.workflow not in self._next or now >= self._next[schedule.workflow]
+        ]
 
     def scheduled(self, schedule, tick):
         """Note that the run of `tick` is in the database (this process's or
         another's)."""
-        self._scheduled[schedule.workflow] = tick
+        self._next[schedule.workflow] = schedule.next_tick(tick)

@@ -204,26 +204,10 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, retry_pol
             retry_at_text = serde.dumps(serde.to_json(retry_at))
             last_error = outcome.error_text
             _announce_retry(run, step, attempt, retry_policy, error, wait)
-            if wait > attempts.IN_PLACE_SECONDS or ctx.draining:
-                _record(
-                    run,
-                    step,
-                    Step.Status.RETRYING,
-                    retry_at_text,
-                    outcome.error_text,
-                    replacing=row,
-                    attempts=attempt,
-                )
-                run.outcomes[step_id] = {
-                    "name": name,
-                    "status": Step.Status.RETRYING,
-                    "result": retry_at,
-                    "error": outcome.encoded_error,
-                }
-                run.attempts[step_id] = attempt
-                _stop_if_cancel_asked(run)
-                raise Sleeping(run.workflow_id, step_id, retry_at)
-            if unsafe_to_repeat:  # its outcome is known: it failed, and may run again
+            durable = wait > attempts.IN_PLACE_SECONDS or ctx.draining
+            # Waiting durably, or after an unsafe step whose outcome is known
+            # (it failed, and may run again): the wait is recorded.
+            if durable or unsafe_to_repeat:
                 _record(
                     run,
                     step,
@@ -235,6 +219,15 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, retry_pol
                 )
                 row = Step.Status.RETRYING
                 _stop_if_cancel_asked(run)
+            if durable:
+                run.outcomes[step_id] = {
+                    "name": name,
+                    "status": Step.Status.RETRYING,
+                    "result": retry_at,
+                    "error": outcome.encoded_error,
+                }
+                run.attempts[step_id] = attempt
+                raise Sleeping(run.workflow_id, step_id, retry_at)
             time.sleep(wait)
             attempt += 1
 
