@@ -64,11 +64,12 @@ def logging_config(env):
     if env.log_format == "json":
         formatter = {
             "()": "pythonjsonlogger.json.JsonFormatter",
-            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
-            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+            "fmt": "%(levelname)s %(name)s %(message)s",
+            "timestamp": "time",  # ISO 8601, in UTC
+            "rename_fields": {"levelname": "level", "name": "logger"},
         }
     else:
-        formatter = {"format": "%(asctime)s %(levelname)-7s %(name)s: %(message)s"}
+        formatter = {"()": "everystep.logs.TextFormatter"}
     return {
         "version": 1,
         "disable_existing_loggers": False,

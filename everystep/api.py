@@ -130,7 +130,7 @@ def parallel(*branches, everystep_id=None):
     results = [None] * len(branches)
     errors = [None] * len(branches)
 
-    def run_branch(index, branch):
+    def run_branch(index, branch, inline=False):
         # Inside a step's function the branches share its (non-recording)
         # context, so they still see the run through `context.current()`.
         scope = parent.child(fork_id, index) if recording else parent
@@ -143,27 +143,35 @@ def parallel(*branches, everystep_id=None):
         except BaseException as exc:  # noqa: B036 - re-raised on the parent thread
             errors[index] = exc
         finally:
-            _close_thread_connections()
+            if not inline:
+                _close_thread_connections()
 
     if recording:
         events.announce(
             "fork_started", run_id=parent.run.workflow_id, fork_id=fork_id, count=len(branches)
         )
     try:
-        # Each branch starts from a copy of this thread's context variables:
-        # a trace's current span (the fork's), for one, carries across.
-        threads = [
-            threading.Thread(
-                target=contextvars.copy_context().run,
-                args=(run_branch, i, b),
-                name=f"everystep-branch-{i}",
-            )
-            for i, b in enumerate(branches)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        if context.host_transaction() is not None:
+            # Inside a test's transaction, which only this thread's
+            # connection sees: the branches run here, one after the other.
+            for i, branch in enumerate(branches):
+                contextvars.copy_context().run(run_branch, i, branch, inline=True)
+        else:
+            # Each branch starts from a copy of this thread's context
+            # variables: a trace's current span (the fork's), for one,
+            # carries across.
+            threads = [
+                threading.Thread(
+                    target=contextvars.copy_context().run,
+                    args=(run_branch, i, b),
+                    name=f"everystep-branch-{i}",
+                )
+                for i, b in enumerate(branches)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
     finally:
         if recording:
             events.announce("fork_ended", run_id=parent.run.workflow_id, fork_id=fork_id)

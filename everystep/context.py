@@ -133,3 +133,35 @@ class Context:
                 f"everystep_id {name!r} is used twice in scope {self.prefix or '(body)'!r}: "
                 f"names must be unique within a workflow body or branch"
             )
+
+
+@dataclasses.dataclass(frozen=True)
+class HostTransaction:
+    """A transaction this thread runs workflows inside on purpose: a test's
+    own (`everystep.testing`). Steps refuse only the atomic blocks opened
+    beyond the `depths` it began with (database alias → atomic blocks open
+    then), and `parallel()` runs its branches one after the other on this
+    thread, the only one whose connection sees the transaction."""
+
+    depths: dict
+
+
+def host_transaction():
+    """This thread's `HostTransaction`, or None (always, in a worker)."""
+    return getattr(_local, "host", None)
+
+
+class hosting:
+    """Context manager: run this thread's workflows inside `host`, a
+    `HostTransaction`, until it exits."""
+
+    def __init__(self, host):
+        self.host = host
+
+    def __enter__(self):
+        self.previous = host_transaction()
+        _local.host = self.host
+        return self.host
+
+    def __exit__(self, *exc_info):
+        _local.host = self.previous

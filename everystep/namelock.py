@@ -25,6 +25,7 @@ import fcntl
 import hashlib
 import os
 import re
+import threading
 import time
 
 from django.db import DatabaseError, connections
@@ -47,6 +48,8 @@ def name_lock(name, alias="default"):
     if vendor == "mysql":
         return MySQLLock(name, alias)
     if vendor == "sqlite":
+        if connections[alias].is_in_memory_db():
+            return ProcessLock(name)  # no other process can open it
         return FileLock(name, connections[alias].settings_dict["NAME"])
     raise NotImplementedError(f"no name lock for the {vendor} backend")
 
@@ -242,3 +245,27 @@ class FileLock(NameLock):
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the lock
             self._fd = None
+
+
+class ProcessLock(NameLock):
+    """A name held within this process: for an in-memory SQLite database
+    (Django's test database), which no other process can share — and which
+    must leave no lock file behind."""
+
+    _held = set()
+    _guard = threading.Lock()
+    held = False
+
+    def try_acquire(self):
+        with self._guard:
+            if self.name in self._held:
+                return False
+            self._held.add(self.name)
+            self.held = True
+            return True
+
+    def release(self):
+        with self._guard:
+            if self.held:
+                self._held.discard(self.name)
+                self.held = False

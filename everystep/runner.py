@@ -42,8 +42,9 @@ from everystep.models import Step, Workflow
 
 logger = logging.getLogger(__name__)
 
-#: Test hook, None in production: called as ``fault(ctx, step_id)`` after a
-#: step's function returned or raised and before its outcome is written.
+#: Test hook, None in production: called as ``fault(ctx, step_id, name)``
+#: after a step's function returned or raised and before its outcome is
+#: written (`everystep.testing.crash_after` sets it).
 fault = None
 
 Status = Workflow.Status
@@ -196,7 +197,7 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, retry_pol
             error = outcome.error
             retrying = retry_policy is not None and retry_policy.retries_after(error, attempt)
             if fault is not None:
-                fault(ctx, step_id)
+                fault(ctx, step_id, name)
             if not retrying:
                 break
             wait = retry_policy.wait(attempt)
@@ -383,8 +384,10 @@ def refuse_inside_transaction(what):
         databases = (connections[DEFAULT_DB_ALIAS],)
     else:
         databases = connections.all(initialized_only=True)
+    host = context.host_transaction()
     for db in databases:
-        if db.in_atomic_block:
+        hosted = host.depths.get(db.alias, 0) if host is not None else 0
+        if db.in_atomic_block and len(db.atomic_blocks) > hosted:
             raise EverystepError(
                 f"{what} was called inside transaction.atomic() (database {db.alias!r}) "
                 f"in a workflow body: move the atomic block into the step's function, "
@@ -473,6 +476,8 @@ def _finish(run, status, started, *, exception=None, **fields):
     error = fields.get("error")
     events.announce(
         f"run_{status}",
+        # A failure's log line carries its traceback.
+        exc_info=exception if status == Status.FAILED else None,
         exception=exception,
         run_id=run.workflow_id,
         workflow=run.workflow_name,

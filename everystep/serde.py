@@ -21,6 +21,7 @@ import enum
 import importlib
 import json
 import math
+import traceback
 import uuid
 
 from everystep.errors import EverystepError, StepFailure
@@ -117,31 +118,59 @@ def decode(text):
     return from_json(json.loads(text))
 
 
+#: How much of a traceback is stored with an error: its last characters,
+#: where the frame that raised is.
+MAX_TRACEBACK_CHARS = 16_000
+
+
 def encode_exception(exc):
-    """Describe `exc` as ``{"type": "module.Class", "message": str, "args": list}``.
+    """Describe `exc` as ``{"type": "module.Class", "message": str, "args":
+    list, "traceback": str | None}``.
 
     Arguments that cannot be serialized are replaced by the message, so that
-    any exception can be recorded.
+    any exception can be recorded. The traceback is None for an exception
+    never raised (an operator's cancel); it keeps its last
+    `MAX_TRACEBACK_CHARS`, where the frame that raised is.
     """
     try:
         args = to_json(list(exc.args))
     except EverystepError:
         args = [str(exc)]
-    return {"type": _dotted_name(type(exc)), "message": str(exc), "args": args}
+    return {
+        "type": _dotted_name(type(exc)),
+        "message": str(exc),
+        "args": args,
+        "traceback": _traceback_text(exc),
+    }
+
+
+def _traceback_text(exc):
+    if exc.__traceback__ is None and not getattr(exc, "__notes__", None):
+        return None
+    text = "".join(traceback.format_exception(exc))
+    if len(text) > MAX_TRACEBACK_CHARS:
+        text = "…\n" + text[-MAX_TRACEBACK_CHARS:]
+    # Storable everywhere: no NUL, no lone surrogate.
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def decode_exception(payload):
     """Rebuild the exception `encode_exception` described: the original class
-    when it can be imported and built from its args, else `StepFailure`."""
+    when it can be imported and built from its args, else `StepFailure`. Its
+    recorded traceback comes along as a note, so a failure replayed from its
+    record still shows, logged or stored again, where it first happened."""
     type_name = payload.get("type") or ""
     message = payload.get("message", "")
     try:
         cls = import_dotted(type_name)
         if not (isinstance(cls, type) and issubclass(cls, BaseException)):
             raise TypeError(f"{type_name} is not an exception class")
-        return cls(*from_json(payload.get("args", [message])))
+        exc = cls(*from_json(payload.get("args", [message])))
     except Exception:
-        return StepFailure(message, type_name)
+        exc = StepFailure(message, type_name)
+    if payload.get("traceback"):
+        exc.add_note(f"Recorded when it first happened:\n{payload['traceback'].rstrip()}")
+    return exc
 
 
 def import_dotted(path):

@@ -155,6 +155,19 @@ def claim(worker_name, limit, workflows=None, *, only_parked=False, exclude=()):
     ]
 
 
+def next_due(workflows=None):
+    """When the earliest scheduled run of `workflows` (default: those
+    registered here) becomes due, or None when none is scheduled."""
+    workflows = registry.names() if workflows is None else list(workflows)
+    first = (
+        Workflow.objects.filter(status=SCHEDULED, name__in=workflows)
+        .order_by("run_at")
+        .values_list("run_at", flat=True)
+        .first()
+    )
+    return first
+
+
 def _claim_in_one_statement(worker_name, limit, workflows, token, now):
     # 'scheduled' is written into the statement, not bound: a prepared
     # statement's generic plan can then still use the partial claim index.

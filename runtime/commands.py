@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import sys
+import textwrap
 import uuid
 
 from django.core.management import CommandError, call_command
@@ -105,6 +106,9 @@ def show(env, args):
             else (step["error"] or {}).get("message", "")
         )
         print(f"  step {step['step_id']:<12} {step['status']:<8} {step['name']}  {outcome}")
+    if run.error and run.error.get("traceback"):
+        print("  traceback:")
+        print(textwrap.indent(run.error["traceback"].rstrip(), "    "))
 
 
 def resolve_step(env, args):

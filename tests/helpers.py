@@ -46,7 +46,7 @@ def crash_at(step_id, workflow=None):
     (in runs of `workflow` only, when given)."""
     from everystep.errors import SimulatedCrash
 
-    def fault(ctx, current_step_id):
+    def fault(ctx, current_step_id, name):
         if current_step_id != step_id:
             return
         if workflow is None or ctx.workflow_name == workflow.__everystep_workflow__:

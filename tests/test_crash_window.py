@@ -120,16 +120,16 @@ def test_resolving_is_refused_for_anything_but_a_blocked_runs_started_step(calls
     assert run.steps.get(step_id="1").status == Step.Status.STARTED
 
 
-def test_the_fault_hook_sees_the_context_and_the_step_id():
+def test_the_fault_hook_sees_the_context_the_step_id_and_the_steps_name():
     seen = []
 
-    def fault(ctx, step_id):
-        seen.append((ctx.workflow_name, step_id, sorted(ctx.outcomes)))
+    def fault(ctx, step_id, name):
+        seen.append((ctx.workflow_name, step_id, name.rsplit(".", 1)[-1], sorted(ctx.outcomes)))
 
     runner.fault = fault
     attempt_run = schedule(workflows.add_twice, 1, 2)
     attempt()
     assert seen == [
-        (attempt_run.name, "1", []),
-        (attempt_run.name, "2", ["1"]),
+        (attempt_run.name, "1", "add", []),
+        (attempt_run.name, "2", "add", ["1"]),
     ]

@@ -38,6 +38,7 @@ def test_exceptions_round_trip_through_their_encoding():
         "type": "everystep.errors.Terminal",
         "message": "halt",
         "args": ["halt", {"n": 1}],
+        "traceback": None,  # never raised
     }
     rebuilt = serde.decode_exception(payload)
     assert (type(rebuilt), rebuilt.reason, rebuilt.payload) == (Terminal, "halt", {"n": 1})
@@ -48,6 +49,39 @@ def test_exceptions_round_trip_through_their_encoding():
     assert isinstance(missing, StepFailure) and missing.message == "m"
     not_an_exception = serde.decode_exception({"type": "builtins.dict", "message": "m", "args": []})
     assert isinstance(not_an_exception, StepFailure)
+
+
+def _raise_deep(depth):
+    if depth == 0:
+        raise KeyError("the missing key")
+    _raise_deep(depth - 1)
+
+
+def test_a_raised_exception_keeps_its_traceback_and_a_replay_shows_where_it_first_happened():
+    try:
+        _raise_deep(2)
+    except KeyError as exc:
+        payload = serde.encode_exception(exc)
+    first = payload["traceback"]
+    assert first.startswith("Traceback (most recent call last)")
+    assert first.count("in _raise_deep") == 3 and "KeyError: 'the missing key'" in first
+
+    try:
+        raise serde.decode_exception(payload)  # a replay raising the recorded failure
+    except KeyError as exc:
+        again = serde.encode_exception(exc)
+    assert "Recorded when it first happened:" in again["traceback"]
+    assert again["traceback"].count("in _raise_deep") == 3
+
+
+def test_a_huge_traceback_keeps_its_end():
+    try:
+        raise ValueError("x" * 20_000 + " the end")
+    except ValueError as exc:
+        payload = serde.encode_exception(exc)
+    text = payload["traceback"]
+    assert len(text) <= serde.MAX_TRACEBACK_CHARS + 2
+    assert text.startswith("…") and text.rstrip().endswith("the end")
 
 
 @pytest.mark.django_db(transaction=True)

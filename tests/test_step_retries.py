@@ -103,7 +103,7 @@ def test_an_unsafe_step_that_crashed_during_a_retry_blocks_the_run(calls):
     that call's effect is uncertain, so it is not retried but blocked."""
     seen = []
 
-    def crash_on_the_second_call(ctx, step_id):
+    def crash_on_the_second_call(ctx, step_id, name):
         seen.append(step_id)
         if len(seen) == 2:
             raise SimulatedCrash(step_id)

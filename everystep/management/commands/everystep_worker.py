@@ -5,7 +5,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from everystep import options
+from everystep import logs, options
 from everystep.errors import ConfigurationError
 from everystep.worker import NameHeld, NameLost, Worker
 
@@ -24,6 +24,9 @@ class Command(BaseCommand):
     def handle(self, **flags):
         from everystep_config.worker import worker_variables
 
+        # A new project configures no logging for everystep: show what the
+        # worker does all the same (a project's own configuration wins).
+        logs.show_by_default()
         try:
             resolved = options.resolve(flags, worker_variables(os.environ))
         except options.OptionError as exc:
