@@ -18,12 +18,16 @@ class EverystepConfig(AppConfig):
     name = "everystep"
     verbose_name = "everystep"
     default_auto_field = "django.db.models.BigAutoField"
+    #: Why a module of ``EVERYSTEP_WORKFLOWS`` could not be imported, one
+    #: line: reported by the system checks (``everystep.E001``) and refused
+    #: by the worker, rather than failing every command with a traceback.
+    import_error = None
 
     def ready(self):
         from django.db.backends.signals import connection_created
         from django.utils.module_loading import autodiscover_modules
 
-        from everystep import sessions, timeouts
+        from everystep import checks, sessions, timeouts  # noqa: F401 - registers the checks
 
         receivers = (
             timeouts.on_connection_created,
@@ -33,7 +37,10 @@ class EverystepConfig(AppConfig):
             connection_created.connect(receiver, dispatch_uid=receiver.__module__)
 
         autodiscover_modules("workflows")
-        import_workflow_modules(getattr(settings, "EVERYSTEP_WORKFLOWS", ()))
+        try:
+            import_workflow_modules(getattr(settings, "EVERYSTEP_WORKFLOWS", ()))
+        except ImproperlyConfigured as exc:
+            self.import_error = str(exc)
 
 
 def import_workflow_modules(modules):

@@ -64,8 +64,9 @@ class EngineSignal(BaseException):
 class EffectUncertain(EngineSignal):
     """An unsafe-to-repeat step started but its outcome was never recorded.
 
-    The run ends ``blocked``: resolve it with ``everystep_resolve_step``
-    (``--result``, ``--error`` or ``--discard``) once you know what happened.
+    The run ends ``blocked``: resolve it with ``everystep resolve-step`` (or
+    ``manage.py everystep_resolve_step``; ``--result``, ``--error`` or
+    ``--discard``) once you know what happened.
     """
 
     def __init__(self, workflow_id, step_id):
@@ -74,10 +75,12 @@ class EffectUncertain(EngineSignal):
         self.step_id = step_id
 
     def __str__(self):
+        from everystep.command_names import command
+
         return (
             f"step {self.step_id} of run {self.workflow_id} started and may have taken "
             f"effect, but its outcome was never recorded; resolve it with "
-            f"everystep_resolve_step {self.workflow_id} {self.step_id} "
+            f"{command('resolve-step')} {self.workflow_id} {self.step_id} "
             f"--result JSON | --error MSG | --discard"
         )
 

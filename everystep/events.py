@@ -79,6 +79,12 @@ EVENTS = {
         DEBUG, "run {run_id} {workflow}: attempt ended {status}", hidden=("exception",)
     ),
     "worker_starting": Event(DEBUG, "worker {worker} starting"),
+    "migrations_pending": Event(
+        WARNING,
+        "{count} everystep migration(s) not applied yet: waiting up to {seconds:g}s "
+        "for `{migrate}`",
+    ),
+    "migrations_applied": Event(INFO, "everystep migrations applied: starting"),
     **{
         f"run_{status}": Event(
             INFO if status in ("completed", "cancelled") else WARNING,
@@ -124,7 +130,7 @@ EVENTS = {
         ERROR,
         "worker {worker} exits with the database unreachable: run(s) {run_list} stay claimed "
         "under this name and resume when a worker starts as {worker} "
-        "(or: everystep requeue --claimed-by {worker})",
+        "(or: {requeue} --claimed-by {worker})",
     ),
     "worker_stopped": Event(INFO, "worker {worker} stopped"),
 }

@@ -29,7 +29,7 @@ import uuid
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from everystep import store
+from everystep import command_names, store
 from everystep.errors import EverystepError
 from everystep.models import Step, Worker, Workflow
 from everystep.namelock import name_lock
@@ -280,17 +280,37 @@ def requeue(run_ids=None, *, claimed_by=None):
         raise EverystepError("give run ids or a worker name, not both")
     if run_ids is not None:
         run_ids = [parse_run_id(run_id) for run_id in run_ids]
-        names = set(
-            Workflow.objects.filter(id__in=run_ids, status=Workflow.Status.RUNNING)
-            .values_list("claimed_by", flat=True)
-            .distinct()
-        )
+        found = {
+            run_id: (status, worker)
+            for run_id, status, worker in Workflow.objects.filter(id__in=run_ids).values_list(
+                "id", "status", "claimed_by"
+            )
+        }
+        _refuse_unless_running(run_ids, found)
+        names = {worker for status, worker in found.values()}
     else:
         names = {claimed_by}
     with contextlib.ExitStack() as held:
         for name in sorted(name for name in names if name):
             held.enter_context(_holding_name(name))
         return store.requeue_runs(run_ids, claimed_by=claimed_by)
+
+
+def _refuse_unless_running(run_ids, found):
+    """`EverystepError` naming each of `run_ids` that does not exist or is
+    not ``running`` (`found`: id → (status, worker)): requeue changes
+    nothing unless it can requeue every run asked."""
+    problems = []
+    for run_id in run_ids:
+        if run_id not in found:
+            problems.append(f"no run {run_id}")
+        elif found[run_id][0] != Workflow.Status.RUNNING:
+            problems.append(f"run {run_id} is {found[run_id][0]}")
+    if problems:
+        raise EverystepError(
+            "; ".join(problems) + ": only running runs are requeued (a failed or stopped run "
+            f"is run again with {command_names.command('retry')})"
+        )
 
 
 @contextlib.contextmanager

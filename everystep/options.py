@@ -141,6 +141,14 @@ OPTIONS = (
         "connection is given up as silent",
     ),
     Option(
+        "wait_for_migrations",
+        "--wait-for-migrations",
+        "EVERYSTEP_WAIT_FOR_MIGRATIONS",
+        _number(float, 0),
+        "seconds to wait at start for the database's migrations (a release process started "
+        "beside the worker); 0 refuses to start while any is pending",
+    ),
+    Option(
         "metrics_port",
         "--metrics-port",
         "EVERYSTEP_METRICS_PORT",
@@ -168,6 +176,7 @@ class WorkerOptions:
     catchup: bool = True
     notify: bool = True
     db_deadline: float = 10.0
+    wait_for_migrations: float = 0.0
     metrics_port: int | None = None
     metrics_bind: str = "0.0.0.0"
 

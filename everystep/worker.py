@@ -49,6 +49,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from everystep import (
     clock,
+    command_names,
     cron,
     deadline,
     events,
@@ -56,6 +57,7 @@ from everystep import (
     registry,
     reporting,
     runner,
+    schema,
     sessions,
     store,
     timeouts,
@@ -138,6 +140,10 @@ class Worker:
         endpoint = self._start_endpoint()
         restore_signals = self._shutdown.install_signal_handlers(self.drain, self._exit_now)
         try:
+            if not schema.wait_for_migrations(
+                self.options.wait_for_migrations, self._shutdown.requested
+            ):
+                return  # stopped while waiting for the migrations
             if not self._guard.acquire(self.drain, self._shutdown.requested):
                 return  # stopped while waiting for the name
             listener = None
@@ -483,6 +489,7 @@ class Worker:
         events.announce(
             "runs_parked",
             worker=self.name,
+            requeue=command_names.command("requeue"),
             run_list=", ".join(str(run_id) for run_id in run_ids),
             run_ids=list(run_ids),
         )

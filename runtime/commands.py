@@ -22,7 +22,7 @@ def worker(env, args):
     flag over its environment variable (`everystep.options`)."""
     from everystep import options
 
-    _migrate_or_refuse()
+    _migrate_sqlite()  # a server database's migrations the worker checks (or waits for)
     flags = {option.field: getattr(args, option.field) for option in options.OPTIONS}
     _call(
         "everystep_worker", **{field: value for field, value in flags.items() if value is not None}
@@ -191,7 +191,7 @@ def check(env, args):
     from everystep_config.database import masked_url
     from everystep_config.environment import load_worker
 
-    from everystep import registry
+    from everystep import registry, schema
 
     problems = []
     print(f"database:   {masked_url(env.effective_database_url)}")
@@ -206,7 +206,7 @@ def check(env, args):
     sentry = "on" if env.sentry_dsn else "off"
     print(f"logging:    {env.log_level} as {env.log_format}; sentry {sentry}")
     try:
-        pending = _pending_migrations()
+        pending = schema.pending_migrations()
     except Exception as exc:  # noqa: BLE001 - reported as a problem
         problems.append(f"cannot connect to the database: {' '.join(str(exc).split())}")
     else:
@@ -268,36 +268,25 @@ def _print_unclaimable():
         print(f"waiting:    {count} scheduled run(s) of {name}: no live worker has this workflow")
 
 
-def _pending_migrations():
+def _migrate_sqlite():
+    """SQLite, the embedded default, is migrated on the spot."""
     from django.db import connection
-    from django.db.migrations.executor import MigrationExecutor
 
-    executor = MigrationExecutor(connection)
-    return executor.migration_plan(executor.loader.graph.leaf_nodes())
+    if connection.vendor == "sqlite":
+        call_command("migrate", verbosity=0)
 
 
 def _migrate_or_refuse():
-    """SQLite, the embedded default, is migrated on the spot; a server
-    database must be migrated by the operator first."""
-    from django.db import connection
-
-    from everystep import transient
+    """SQLite is migrated on the spot; a server database must be migrated by
+    the operator first."""
+    from everystep import schema
     from everystep.errors import ConfigurationError
 
+    _migrate_sqlite()
     try:
-        pending = transient.first_contact(
-            lambda attempt: _pending_migrations(), what="checking migrations"
-        )
+        schema.wait_for_migrations(0)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
-    if not pending:
-        return
-    if connection.vendor == "sqlite":
-        call_command("migrate", verbosity=0)
-        return
-    raise UsageError(
-        f"the database has {len(pending)} unapplied migration(s): run `everystep migrate` first"
-    )
 
 
 def _run_id(text):

@@ -49,6 +49,14 @@ def configure(env, command):
     _init_tracing(env)
     try:
         django.setup()
+        from django.apps import apps
+
+        from everystep import command_names
+
+        command_names.use_standalone_names()
+        import_error = apps.get_app_config("everystep").import_error
+        if import_error is not None:
+            raise ImproperlyConfigured(import_error)
         if env.django_settings_module is not None:
             from everystep.apps import import_workflow_modules
 

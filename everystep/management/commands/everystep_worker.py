@@ -3,6 +3,7 @@ import logging
 import os
 import sys
 
+from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError
 
 from everystep import logs, options
@@ -27,6 +28,9 @@ class Command(BaseCommand):
         # A new project configures no logging for everystep: show what the
         # worker does all the same (a project's own configuration wins).
         logs.show_by_default()
+        import_error = apps.get_app_config("everystep").import_error
+        if import_error is not None:
+            raise CommandError(import_error, returncode=2)
         try:
             resolved = options.resolve(flags, worker_variables(os.environ))
         except options.OptionError as exc:

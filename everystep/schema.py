@@ -1,0 +1,75 @@
+"""Whether the database has everystep's tables as this code expects them:
+the migrations still to apply, and a worker's wait for them.
+
+A platform runs its release process (``migrate``) before the new workers
+start; honcho, Compose or a Kubernetes pod without an init container may
+start them side by side. A worker told to wait (``--wait-for-migrations
+SECONDS``) polls until the migrations are applied, for at most that long,
+instead of refusing to start.
+"""
+
+import time
+
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.migrations.executor import MigrationExecutor
+
+from everystep import command_names, events, transient
+from everystep.errors import ConfigurationError
+
+#: Seconds between two looks at the migrations while waiting for them.
+POLL_SECONDS = 1.0
+
+
+def pending_migrations(alias=DEFAULT_DB_ALIAS):
+    """everystep's migrations not yet applied to the database `alias`, in
+    the order they would be (one query)."""
+    executor = MigrationExecutor(connections[alias])
+    targets = [node for node in executor.loader.graph.leaf_nodes() if node[0] == "everystep"]
+    return [migration for migration, _ in executor.migration_plan(targets)]
+
+
+def wait_for_migrations(seconds, stop=None):
+    """Return True once everystep's migrations are all applied, waiting for
+    them up to `seconds` (0: not at all); False when the `threading.Event`
+    `stop` is set meanwhile. Raises `ConfigurationError` naming what to run
+    when they are still pending at the end of the wait."""
+    give_up_at = time.monotonic() + seconds
+    waiting = False
+    while True:
+        pending = transient.first_contact(
+            lambda attempt: pending_migrations(),
+            what="checking migrations",
+            should_stop=stop.is_set if stop is not None else None,
+        )
+        if not pending:
+            if waiting:
+                events.announce("migrations_applied")
+            return True
+        left = give_up_at - time.monotonic()
+        if left <= 0:
+            raise ConfigurationError(_refusal(len(pending), seconds))
+        if not waiting:
+            waiting = True
+            events.announce(
+                "migrations_pending",
+                count=len(pending),
+                seconds=seconds,
+                migrate=command_names.command("migrate"),
+            )
+        if stop is not None and stop.wait(min(POLL_SECONDS, left)):
+            return False
+        if stop is None:
+            time.sleep(min(POLL_SECONDS, left))
+
+
+def _refusal(count, seconds):
+    migrate = command_names.command("migrate")
+    if seconds:
+        return (
+            f"the database still has {count} unapplied everystep migration(s) after "
+            f"waiting {seconds:g}s: run `{migrate}`"
+        )
+    return (
+        f"the database has {count} unapplied everystep migration(s): run `{migrate}` first, "
+        f"or start the worker with --wait-for-migrations SECONDS to wait for it"
+    )
