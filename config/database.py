@@ -135,6 +135,13 @@ def _check_directory(path):
             f"the directory {directory} for the SQLite file does not exist: create it, "
             "or fix the path"
         )
+    # SQLite writes its journal and WAL files beside the database.
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise DatabaseURLError(
+            f"the directory {directory} for the SQLite file is not writable by this user "
+            f"(uid {os.getuid()}): mount a writable volume there (the image's /app/data), "
+            "or fix its permissions"
+        )
 
 
 def _check_database_name(scheme, settings):

@@ -203,6 +203,17 @@ def schedule(workflow_func, *args, idempotency_key=None, run_at=None, delay=None
     return store.insert_run(name, list(args), idempotency_key, tracing.current_context(), due)
 
 
+async def aschedule(workflow_func, *args, idempotency_key=None, run_at=None, delay=None):
+    """`schedule`, for async code (an async view, a consumer): the insert
+    runs on Django's thread for synchronous database work, in the
+    transaction open there, if any."""
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(schedule, thread_sensitive=True)(
+        workflow_func, *args, idempotency_key=idempotency_key, run_at=run_at, delay=delay
+    )
+
+
 def sleep(duration, everystep_id=None):
     """Pause the running workflow for `duration` (a `timedelta` or seconds),
     durably: the run records its wake time as a step, leaves its worker —

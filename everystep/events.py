@@ -79,6 +79,12 @@ EVENTS = {
         DEBUG, "run {run_id} {workflow}: attempt ended {status}", hidden=("exception",)
     ),
     "worker_starting": Event(DEBUG, "worker {worker} starting"),
+    "name_unstable": Event(
+        WARNING,
+        "worker name {worker} is a host name that looks random (a container's id, a pod's "
+        "name): if the worker restarts under another name, the runs it held wait parked "
+        "under this one. Set EVERYSTEP_NAME (or --name) to a name that survives a restart",
+    ),
     "migrations_pending": Event(
         WARNING,
         "{count} everystep migration(s) not applied yet: waiting up to {seconds:g}s "

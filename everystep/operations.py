@@ -2,7 +2,7 @@
 ``manage.py`` commands, the web UI and the admin share these queries and
 actions, and so the same refusals.
 
-- `recent_runs` and `run_with_steps`: what ``runs`` and ``show`` print.
+- `listed` and `run_with_steps`: what ``runs`` and ``show`` print.
 - `RunFilter`, `runs_page`, `status_counts` and `step_counts`: the operator
   UI's list of runs, newest first, a page at a time (keyset pagination on
   the id, a UUIDv7), each filter served by an index (migration 0007).
@@ -47,17 +47,6 @@ def parse_run_id(text):
         return uuid.UUID(str(text))
     except ValueError:
         raise EverystepError(f"{text!r} is not a run id") from None
-
-
-def recent_runs(status=None, limit=20):
-    """The newest runs first, `limit` of them (1 to `MAX_LIMIT`), optionally
-    of one status."""
-    if not (isinstance(limit, int) and 1 <= limit <= MAX_LIMIT):
-        raise EverystepError(f"the limit must be a whole number from 1 to {MAX_LIMIT}")
-    runs = Workflow.objects.order_by("-created_at")
-    if status:
-        runs = runs.filter(status=status)
-    return list(runs[:limit])
 
 
 STATUSES = tuple(Workflow.Status.values)
@@ -154,6 +143,13 @@ def status_counts(run_filter=RunFilter(), cap=COUNT_CAP):
         # to the primary key, from the indexes led by the status.
         runs = runs.order_by("id")
     return {status: runs.filter(status=status)[: cap + 1].count() for status in STATUSES}
+
+
+def listed(runs):
+    """`runs` as the runs list shows them, in the UI's API and ``runs
+    --json`` alike: each run's fields and its step counts (one query)."""
+    counts = step_counts([run.id for run in runs])
+    return [{**run_fields(run), "steps": counts[run.id]} for run in runs]
 
 
 def step_counts(run_ids):

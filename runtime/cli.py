@@ -112,7 +112,13 @@ def build_parser():
 
     runs = commands.add_parser("runs", help="recent runs, newest first")
     runs.add_argument(
-        "--status", choices=["scheduled", "running", "completed", "failed", "stopped", "blocked"]
+        "--status",
+        help="scheduled, running, completed, failed, stopped, blocked or cancelled",
+    )
+    runs.add_argument("--workflow", metavar="NAME", help="runs of this workflow (qualified name)")
+    runs.add_argument("--worker", metavar="NAME", help="runs claimed by this worker")
+    runs.add_argument(
+        "--since", metavar="TIME", help="created since TIME (ISO 8601) or a duration ago (2h, 1d)"
     )
     runs.add_argument(
         "--limit", type=limit, default=20, help=f"how many, 1 to {MAX_LIMIT} (default 20)"

@@ -57,17 +57,51 @@ def schedule(env, args):
 
 
 def runs(env, args):
+    """The newest runs first, filtered as the UI's runs page filters them;
+    ``--json`` prints the runs as its API gives them."""
     from everystep import operations
+    from everystep.errors import EverystepError
 
-    rows = operations.recent_runs(args.status, args.limit)
+    try:
+        run_filter = operations.RunFilter(
+            status=args.status,
+            workflow=args.workflow,
+            worker=args.worker,
+            created_after=_since(args.since) if args.since else None,
+        )
+        rows = operations.runs_page(run_filter, size=args.limit).runs
+    except EverystepError as exc:
+        raise UsageError(str(exc)) from None
     if args.json:
-        _print_json([operations.run_fields(run) for run in rows])
+        _print_json(operations.listed(rows))
         return
     for run in rows:
         print(
             f"{run.id}  {run.status:<9}  {run.name}  created {run.created_at:%Y-%m-%d %H:%M:%S}"
             + (f"  by {run.claimed_by}" if run.claimed_by else "")
         )
+
+
+def _since(text):
+    """``--since``: an ISO 8601 time (UTC without a zone) or a duration back
+    from now (``90m``, ``2h``, ``1d``)."""
+    import datetime
+
+    from everystep import clock
+    from everystep.errors import EverystepError
+
+    try:
+        return clock.now() - datetime.timedelta(seconds=clock.parse_duration(text))
+    except EverystepError:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(
+            f"--since {text!r} is neither a time (2026-12-03T14:30, UTC unless it gives a zone) "
+            f"nor a duration back from now (90m, 2h, 1d)"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
 
 
 def show(env, args):

@@ -130,6 +130,53 @@ def test_requeue_by_run_id_and_its_usage_errors(everystep):
         one_line_error(result)
 
 
+def test_requeue_refuses_a_run_that_is_not_running_naming_its_status_and_changes_nothing(
+    everystep,
+):
+    failed = Workflow.objects.create(name="tests.workflows.quick", args=[1], status="failed")
+    parked = Workflow.objects.create(
+        name="tests.workflows.quick", args=[2], status="running", claimed_by="gone"
+    )
+    missing = uuid.uuid4()
+    result = everystep("requeue", str(parked.id), str(failed.id), str(missing))
+    assert result.returncode == 2 and result.stdout == ""
+    error = one_line_error(result)
+    assert f"run {failed.id} is failed" in error and f"no run {missing}" in error
+    assert "everystep retry" in error  # the standalone command, not manage.py's
+    assert Workflow.objects.get(id=parked.id).status == "running"  # all or nothing
+
+
+def test_runs_filters_as_the_ui_does_and_its_json_is_the_apis(everystep):
+    from everystep.serde import readable_json
+    from everystep.ui import snapshots
+
+    quick = Workflow.objects.create(name="tests.workflows.quick", args=[1], status="completed")
+    pay = Workflow.objects.create(name="tests.workflows.pay", args=[2], status="failed")
+    Step.objects.create(workflow=pay, step_id="1", name="tests.workflows.charge", status="done")
+    cancelled = Workflow.objects.create(name="tests.workflows.pay", args=[3], status="cancelled")
+
+    def listed(*args):
+        result = everystep("runs", "--json", *args)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    everything = listed()
+    api = json.loads(readable_json(snapshots.public(snapshots.runs({}))))["runs"]
+    assert everything == api  # one shape, the same runs, newest first
+    assert [r["id"] for r in everything] == [str(cancelled.id), str(pay.id), str(quick.id)]
+    assert everything[1]["steps"] == {"total": 1, "done": 1, "failed": 0}
+    by_workflow = listed("--workflow", "tests.workflows.pay")
+    assert [r["id"] for r in by_workflow] == [str(cancelled.id), str(pay.id)]
+    assert [r["id"] for r in listed("--status", "cancelled")] == [str(cancelled.id)]
+    assert len(listed("--since", "1h")) == 3
+    tomorrow = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=1)).isoformat()
+    assert listed("--since", tomorrow) == []
+    for bad in (["--since", "yesterday"], ["--status", "done"]):
+        result = everystep("runs", *bad)
+        assert result.returncode == 2
+        assert bad[1] in one_line_error(result)
+
+
 def test_resolve_step_resolves_a_blocked_run(everystep):
     run = Workflow.objects.create(
         name="tests.workflows.pay",

@@ -3,9 +3,12 @@ environment, bad values refused in one line, secrets never shown."""
 
 import json
 import os
+import pathlib
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import uuid
 
 import pytest
@@ -161,6 +164,12 @@ def test_everystep_path_finds_the_workflow_modules(pyz, tmp_path):
         ({"EVERYSTEP_WORKFLOWS": "no_such_module"}, "worker", "no_such_module"),
         ({"EVERYSTEP_WORKFLOWS": "tests.broken_workflows"}, "worker", "tests.broken_workflows"),
         ({"SENTRY_DSN": "not a dsn"}, "worker", "SENTRY_DSN"),
+        (
+            {"EVERYSTEP_WAIT_FOR_MIGRATIONS": "a while"},
+            "worker",
+            "EVERYSTEP_WAIT_FOR_MIGRATIONS='a while'",
+        ),
+        ({"EVERYSTEP_WAIT_FOR_MIGRATIONS": "-5"}, "worker", "EVERYSTEP_WAIT_FOR_MIGRATIONS"),
     ],
 )
 def test_bad_configuration_exits_2_with_one_line_naming_it(
@@ -333,3 +342,37 @@ def test_django_settings_module_replaces_the_bundled_settings(pyz, tmp_path):
     result = run_pyz(pyz, "check", env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "tests.workflows.quick" in result.stdout
+
+
+def test_a_sqlite_directory_this_user_cannot_write_exits_2_naming_it(pyz, tmp_path):
+    """A read-only root without the data volume: the error names the
+    directory and the user, not SQLite's "unable to open database file"."""
+    nobody = 65534
+    top = pathlib.Path(tempfile.mkdtemp(prefix="everystep-readonly-"))  # 0700: open it
+    top.chmod(0o755)
+    data = top / "data"
+    data.mkdir(mode=0o755)  # root's: nobody cannot write into it
+    scratch = top / "scratch"
+    scratch.mkdir()
+    os.chown(scratch, nobody, nobody)
+    env = workflow_environment(
+        EVERYSTEP_DATABASE_URL=f"sqlite:///{data}/everystep.sqlite3", SHIV_ROOT=str(scratch)
+    )
+    try:
+        result = subprocess.run(
+            [str(pyz), "worker"],
+            env=env,
+            cwd=scratch,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            user=nobody,
+            group=nobody,
+            extra_groups=[],
+        )
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    assert result.returncode == 2, result.stderr
+    line = one_line_error(result)
+    assert f"the directory {data} for the SQLite file is not writable" in line
+    assert f"uid {nobody}" in line

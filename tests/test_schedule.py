@@ -94,3 +94,28 @@ def test_only_workflows_can_be_scheduled():
         schedule(workflows.add, 1, 2)
     with pytest.raises(EverystepError, match="idempotency_key"):
         schedule(workflows.add_twice, 1, 2, idempotency_key="x" * 256)
+
+
+def test_an_async_view_schedules_with_aschedule():
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    client = AsyncClient()
+    first = async_to_sync(client.get)("/order", {"key": "order-7"})
+    again = async_to_sync(client.get)("/order", {"key": "order-7"})
+    assert first.status_code == 200, first.content
+    assert first.json() == again.json()  # idempotent, as schedule() is
+    run = Workflow.objects.get(id=first.json()["id"])
+    assert (run.name, run.args, run.status) == ("tests.workflows.add_twice", [1, 2], "scheduled")
+
+
+def test_schedule_itself_is_refused_in_async_code_which_is_why_aschedule_exists():
+    import asyncio
+
+    from django.core.exceptions import SynchronousOnlyOperation
+
+    async def in_a_coroutine():
+        return schedule(workflows.add_twice, 1, 2)
+
+    with pytest.raises(SynchronousOnlyOperation):
+        asyncio.run(in_a_coroutine())

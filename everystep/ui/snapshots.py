@@ -26,9 +26,8 @@ def runs(query):
     step counts, the next page's cursor and the counts per status."""
     run_filter = filters.run_filter(query)
     page = operations.runs_page(run_filter, filters.cursor(query))
-    counts = operations.step_counts([run.id for run in page.runs])
     return {
-        "runs": [{**operations.run_fields(run), "steps": counts[run.id]} for run in page.runs],
+        "runs": operations.listed(page.runs),
         "next_cursor": page.next_cursor,
         "counts": operations.status_counts(run_filter),
         "count_cap": operations.COUNT_CAP,

@@ -6,7 +6,7 @@ import sys
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError
 
-from everystep import logs, options
+from everystep import events, logs, options
 from everystep.errors import ConfigurationError
 from everystep.worker import NameHeld, NameLost, Worker
 
@@ -23,7 +23,7 @@ class Command(BaseCommand):
         options.add_arguments(parser)
 
     def handle(self, **flags):
-        from everystep_config.worker import worker_variables
+        from everystep_config.worker import unstable_name, worker_variables
 
         # A new project configures no logging for everystep: show what the
         # worker does all the same (a project's own configuration wins).
@@ -35,6 +35,8 @@ class Command(BaseCommand):
             resolved = options.resolve(flags, worker_variables(os.environ))
         except options.OptionError as exc:
             raise CommandError(str(exc), returncode=2) from None
+        if not flags.get("name") and unstable_name(os.environ):
+            events.announce("name_unstable", worker=resolved.name)
         worker = Worker(**dataclasses.asdict(resolved))
         try:
             worker.run()
