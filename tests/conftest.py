@@ -7,6 +7,7 @@ import pytest
 
 from tests import workflows
 from tests.faultproxy import fault_proxy  # noqa: F401
+from tests.freshproject import fresh_project  # noqa: F401
 from tests.workerproc import embedded_worker, spawn_process, spawn_worker  # noqa: F401
 from tests.zipapp import pyz  # noqa: F401
 
