@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import pytest
 
@@ -140,20 +140,29 @@ def make_project(base, *, sqlite_options=True, workflows_module=True):
     return project
 
 
-def _server_database(backend):
-    """Settings for a new database on the suite's server (dropped with the
-    server at the end of the run)."""
-    parts = urlsplit(servers.server_url(backend))
+def empty_database_url(directory):
+    """The URL of a new, empty database on the suite's backend: a file in
+    `directory` on SQLite, a new database on the suite's server otherwise
+    (dropped with the server at the end of the run)."""
+    if BACKEND == "sqlite":
+        return f"sqlite:///{directory}/empty.sqlite3"
+    server = servers.server_url(BACKEND)
     name = f"fresh_{uuid.uuid4().hex[:10]}"
-    with driver_connection(servers.server_url(backend)) as admin:
+    with driver_connection(server) as admin:
         admin.cursor().execute(f"CREATE DATABASE {name}")
+    return urlunsplit(urlsplit(server)._replace(path=f"/{name}"))
+
+
+def _server_database(backend):
+    """The project's settings for an empty database on the suite's server."""
+    parts = urlsplit(empty_database_url(None))
     engine = "postgresql" if backend == "postgres" else "mysql"
     prelude = "import pymysql\npymysql.install_as_MySQLdb()\n" if backend == "mariadb" else ""
     return f"""{prelude}
 DATABASES = {{
     "default": {{
         "ENGINE": "django.db.backends.{engine}",
-        "NAME": {name!r},
+        "NAME": {parts.path.lstrip("/")!r},
         "USER": {unquote(parts.username or "")!r},
         "PASSWORD": {unquote(parts.password or "")!r},
         "HOST": {parts.hostname!r},

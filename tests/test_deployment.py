@@ -152,9 +152,7 @@ def test_the_procfile_migrates_on_release_and_runs_a_stable_named_worker_within_
     )
     assert release.returncode == 0, release.stderr
 
-    worker = spawn_process(
-        "dyno", ["bash", "-c", f"exec {processes['worker']}"], env=env, cwd=tmp_path
-    )
+    worker = spawn_process("dyno", ["bash", "-c", processes["worker"]], env=env, cwd=tmp_path)
     worker.wait_ready()
     ready = next(line for line in worker.log().splitlines() if "ready" in line)
     assert "worker worker.1 ready" in ready
@@ -183,7 +181,7 @@ def test_the_procfiles_web_process_serves_the_operator_ui_on_the_platforms_port(
         EVERYSTEP_UI_BIND="127.0.0.1",  # a test server listens on loopback only
         PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}",
     )
-    web = spawn_process("web", ["bash", "-c", f"exec {procfile()['web']}"], env=env, cwd=tmp_path)
+    web = spawn_process("web", ["bash", "-c", procfile()["web"]], env=env, cwd=tmp_path)
     web.wait_for_log(f"operator UI serving on http://127.0.0.1:{port}/")
     run = Workflow.objects.create(name="tests.workflows.quick", args=[1])
     request = urllib.request.Request(

@@ -1,6 +1,7 @@
 """One live worker per name (§7), and the embedded worker's lifecycle."""
 
 import signal
+import sys
 
 import pytest
 
@@ -9,7 +10,7 @@ from everystep.models import Workflow
 from tests import workflows
 from tests.helpers import wait_until
 from tests.test_worker_shutdown import opened, started
-from tests.workerproc import stop_embedded, timed_wait
+from tests.workerproc import manage_py_environment, stop_embedded, timed_wait
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -96,5 +97,53 @@ def test_without_notify_the_worker_polls(spawn_worker):
     assert "polling" in worker.log()
     run = schedule(workflows.quick, 1)
     wait_until(lambda: Workflow.objects.get(id=run.id).status == "completed")
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0
+
+
+@pytest.mark.parametrize(
+    "hostname, warned",
+    [
+        ("3f2a9c1b7d4e", True),  # Docker's and Podman's default: the container id
+        ("orders-worker-7d9c8b6f5-x2k4p", True),  # a Kubernetes Deployment's pod
+        ("orders-worker-0", False),  # a StatefulSet's pod: stable
+        ("db-host-1", False),
+    ],
+)
+def test_a_worker_named_after_a_random_host_name_warns_at_start(spawn_process, hostname, warned):
+    """The host name is set in a UTS namespace of the worker's own, as a
+    container runtime sets it."""
+    command = [
+        "unshare",
+        "--uts",
+        "--",
+        "sh",
+        "-c",
+        'hostname "$1" && exec "$2" -m django everystep_worker',
+        "sh",
+        hostname,
+        sys.executable,
+    ]
+    worker = spawn_process("host", command, env=manage_py_environment()).wait_ready()
+    assert f"worker {hostname} ready" in worker.log()
+    assert ("looks random" in worker.log()) == warned, worker.log()
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0
+
+
+def test_a_worker_given_its_name_does_not_warn_whatever_the_host_name(spawn_process):
+    command = [
+        "unshare",
+        "--uts",
+        "--",
+        "sh",
+        "-c",
+        'hostname 3f2a9c1b7d4e && exec "$1" -m django everystep_worker',
+        "sh",
+        sys.executable,
+    ]
+    env = manage_py_environment({"EVERYSTEP_NAME": "orders-1"})
+    worker = spawn_process("named", command, env=env).wait_ready()
+    assert "worker orders-1 ready" in worker.log() and "looks random" not in worker.log()
     worker.send(signal.SIGTERM)
     assert worker.wait() == 0
