@@ -58,16 +58,21 @@ def check_workflows(app_configs=None, **kwargs):
     return []
 
 
-@checks.register("everystep")
-def check_sqlite(app_configs=None, **kwargs):
+def _databases(engine):
+    """``(alias, OPTIONS)`` of each configured database of `engine`
+    (``sqlite3``, ``postgresql``): settings only, no connection."""
     from django.db import connections
 
-    findings = []
     for alias in connections:
         settings = connections.settings[alias]
-        if not settings["ENGINE"].endswith("sqlite3"):
-            continue
-        options = settings.get("OPTIONS", {})
+        if settings["ENGINE"].endswith(engine):
+            yield alias, settings.get("OPTIONS", {})
+
+
+@checks.register("everystep")
+def check_sqlite(app_configs=None, **kwargs):
+    findings = []
+    for alias, options in _databases("sqlite3"):
         wal = "journal_mode=wal" in options.get("init_command", "").lower().replace(" ", "")
         immediate = str(options.get("transaction_mode", "")).upper() == "IMMEDIATE"
         if not (wal and immediate):
@@ -86,14 +91,8 @@ def check_sqlite(app_configs=None, **kwargs):
 
 @checks.register("everystep", deploy=True)
 def check_postgres(app_configs=None, **kwargs):
-    from django.db import connections
-
     findings = []
-    for alias in connections:
-        settings = connections.settings[alias]
-        if not settings["ENGINE"].endswith("postgresql"):
-            continue
-        options = settings.get("OPTIONS", {})
+    for alias, options in _databases("postgresql"):
         if not options.get("server_side_binding") or "prepare_threshold" not in options:
             findings.append(
                 checks.Info(

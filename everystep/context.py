@@ -28,20 +28,29 @@ def current():
     return getattr(_local, "context", None)
 
 
-class activated:
-    """Context manager that makes `context` this thread's current one and
+class _on_this_thread:
+    """Context manager that sets this thread's `slot` to a value and
     restores the previous one on exit."""
 
-    def __init__(self, context):
-        self.context = context
+    slot = None
+
+    def __init__(self, value):
+        self.value = value
 
     def __enter__(self):
-        self.previous = current()
-        _local.context = self.context
-        return self.context
+        self.previous = getattr(_local, self.slot, None)
+        setattr(_local, self.slot, self.value)
+        return self.value
 
     def __exit__(self, *exc_info):
-        _local.context = self.previous
+        setattr(_local, self.slot, self.previous)
+
+
+class activated(_on_this_thread):
+    """``with activated(context):`` — make `context` this thread's current
+    one, restoring the previous one on exit."""
+
+    slot = "context"
 
 
 @dataclasses.dataclass(eq=False)
@@ -151,17 +160,8 @@ def host_transaction():
     return getattr(_local, "host", None)
 
 
-class hosting:
-    """Context manager: run this thread's workflows inside `host`, a
-    `HostTransaction`, until it exits."""
+class hosting(_on_this_thread):
+    """``with hosting(host):`` — run this thread's workflows inside `host`,
+    a `HostTransaction`, until the block exits."""
 
-    def __init__(self, host):
-        self.host = host
-
-    def __enter__(self):
-        self.previous = host_transaction()
-        _local.host = self.host
-        return self.host
-
-    def __exit__(self, *exc_info):
-        _local.host = self.previous
+    slot = "host"

@@ -36,7 +36,7 @@ def test_an_unsafe_step_that_lost_its_outcome_blocks_the_run_with_effect_uncerta
     error = serde.decode_exception(run.error)
     assert isinstance(error, EffectUncertain)
     assert error.step_id == "1"
-    assert "everystep_resolve_step" in run.error["message"]
+    assert "resolve it with python manage.py everystep_resolve_step" in run.error["message"]
 
 
 def test_resolving_with_a_result_records_it_and_the_run_completes_without_a_second_charge(calls):

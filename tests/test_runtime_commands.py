@@ -197,6 +197,24 @@ def test_resolve_step_resolves_a_blocked_run(everystep):
     assert again.returncode == 2 and "not blocked" in one_line_error(again)
 
 
+def test_a_blocked_run_names_the_standalone_command_that_resolves_it(everystep, pyz_worker):
+    """A worker killed during an unsafe step left it started; the zipapp's
+    worker that takes the run back blocks it, naming `everystep
+    resolve-step` (a standalone user has no manage.py)."""
+    from tests import workflows
+    from tests.helpers import park
+
+    run = park(workflows.pay, 3, worker="killed")
+    Step.objects.create(workflow=run, step_id="1", name="tests.workflows.charge", status="started")
+    worker = pyz_worker("killed").wait_ready()
+    wait_until(lambda: Workflow.objects.get(id=run.id).status == "blocked")
+    message = Workflow.objects.get(id=run.id).error["message"]
+    assert f"resolve it with everystep resolve-step {run.id} 1 " in message
+    assert "manage.py" not in message
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0
+
+
 def test_manage_passes_through_to_django(everystep):
     result = everystep("manage", "showmigrations", "everystep")
     assert result.returncode == 0, result.stderr

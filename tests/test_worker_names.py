@@ -101,18 +101,9 @@ def test_without_notify_the_worker_polls(spawn_worker):
     assert worker.wait() == 0
 
 
-@pytest.mark.parametrize(
-    "hostname, warned",
-    [
-        ("3f2a9c1b7d4e", True),  # Docker's and Podman's default: the container id
-        ("orders-worker-7d9c8b6f5-x2k4p", True),  # a Kubernetes Deployment's pod
-        ("orders-worker-0", False),  # a StatefulSet's pod: stable
-        ("db-host-1", False),
-    ],
-)
-def test_a_worker_named_after_a_random_host_name_warns_at_start(spawn_process, hostname, warned):
-    """The host name is set in a UTS namespace of the worker's own, as a
-    container runtime sets it."""
+def worker_on_host(spawn_process, hostname, env=None):
+    """A ``manage.py everystep_worker`` on the host name `hostname`, set in
+    a UTS namespace of its own as a container runtime sets it; ready."""
     command = [
         "unshare",
         "--uts",
@@ -124,7 +115,20 @@ def test_a_worker_named_after_a_random_host_name_warns_at_start(spawn_process, h
         hostname,
         sys.executable,
     ]
-    worker = spawn_process("host", command, env=manage_py_environment()).wait_ready()
+    return spawn_process("host", command, env=manage_py_environment(env)).wait_ready()
+
+
+@pytest.mark.parametrize(
+    "hostname, warned",
+    [
+        ("3f2a9c1b7d4e", True),  # Docker's and Podman's default: the container id
+        ("orders-worker-7d9c8b6f5-x2k4p", True),  # a Kubernetes Deployment's pod
+        ("orders-worker-0", False),  # a StatefulSet's pod: stable
+        ("db-host-1", False),
+    ],
+)
+def test_a_worker_named_after_a_random_host_name_warns_at_start(spawn_process, hostname, warned):
+    worker = worker_on_host(spawn_process, hostname)
     assert f"worker {hostname} ready" in worker.log()
     assert ("looks random" in worker.log()) == warned, worker.log()
     worker.send(signal.SIGTERM)
@@ -132,18 +136,7 @@ def test_a_worker_named_after_a_random_host_name_warns_at_start(spawn_process, h
 
 
 def test_a_worker_given_its_name_does_not_warn_whatever_the_host_name(spawn_process):
-    command = [
-        "unshare",
-        "--uts",
-        "--",
-        "sh",
-        "-c",
-        'hostname 3f2a9c1b7d4e && exec "$1" -m django everystep_worker',
-        "sh",
-        sys.executable,
-    ]
-    env = manage_py_environment({"EVERYSTEP_NAME": "orders-1"})
-    worker = spawn_process("named", command, env=env).wait_ready()
+    worker = worker_on_host(spawn_process, "3f2a9c1b7d4e", {"EVERYSTEP_NAME": "orders-1"})
     assert "worker orders-1 ready" in worker.log() and "looks random" not in worker.log()
     worker.send(signal.SIGTERM)
     assert worker.wait() == 0
