@@ -26,6 +26,7 @@ import pathlib
 import random
 import resource
 import shutil
+import signal
 import sqlite3
 import subprocess
 import tempfile
@@ -46,6 +47,7 @@ NAME = "everystep-container-test"  # the container's and the worker's name
 TOOLS = ("buildah", "podman", "runc", "debootstrap")
 # What the base holds beyond Debian's minimal system: a python image's python3.
 PACKAGES = ("python3", "python3-venv")
+DEBOOTSTRAP_TIMEOUT = 300  # seconds; it takes one or two
 BASE_RECIPE = 1  # bump to make the base anew after a change to how it is made
 CA_BUNDLE = pathlib.Path("/etc/ssl/certs/ca-certificates.crt")
 STOP_TIMEOUT = 40  # seconds, above the worker's default drain of 30
@@ -57,18 +59,20 @@ def fail(message):
 
 
 class Engine:
-    """buildah and podman on the storage under `root`; podman's state in
-    `state`, which is new for each test session."""
+    """buildah and podman on a storage of their own under `folder`."""
 
-    def __init__(self, root, state):
-        storage = ["--root", str(root), "--runroot", str(state / "run"), "--storage-driver", "vfs"]
+    def __init__(self, folder):
+        storage = [
+            *("--root", str(folder / "storage"), "--runroot", str(folder / "run")),
+            *("--storage-driver", "vfs"),
+        ]
         self._buildah = ["buildah", *storage]
         # runc, cgroupfs and a file for the events: no systemd here.
         self._podman = [
             "podman",
             *storage,
             "--tmpdir",
-            str(state / "libpod"),
+            str(folder / "libpod"),
             "--runtime",
             "runc",
             "--cgroup-manager",
@@ -186,8 +190,11 @@ def base_image(engine):
     recipe = [BASE_RECIPE, codename, uri, PACKAGES, hashlib.sha256(ca_bundle()).hexdigest()]
     tag = f"{BASE}:{hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:12]}"
     with locked(CACHE / "base.lock"):
-        if engine.podman("image", "exists", tag, check=False).returncode == 0:
+        exists = engine.podman("image", "exists", tag, check=False)
+        if exists.returncode == 0:
             return tag, 0.0
+        if exists.returncode != 1:  # 1: no such image
+            fail(f"podman cannot read its storage in {CACHE}: {exists.stderr.strip()}")
         started = time.monotonic()
         work = pathlib.Path(tempfile.mkdtemp(prefix="base-", dir=CACHE))
         try:
@@ -230,14 +237,24 @@ def debootstrap(codename, uri, keyring, rootfs):
         str(rootfs),
         uri,
     ]
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its downloads end with it
+        )
     try:
-        with open(log, "w") as out:
-            result = subprocess.run(
-                command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=480
-            )
+        returncode = process.wait(timeout=DEBOOTSTRAP_TIMEOUT)
     except subprocess.TimeoutExpired:
-        fail(f"cannot make the base image: debootstrap from {uri} timed out after 480s ({log})")
-    if result.returncode != 0:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        fail(
+            f"cannot make the base image: debootstrap from {uri} timed out after "
+            f"{DEBOOTSTRAP_TIMEOUT}s ({log})"
+        )
+    if returncode != 0:
         last = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
         fail(f"cannot make the base image: debootstrap from {uri} failed: {last[0]} ({log})")
 
@@ -263,9 +280,7 @@ def engine():
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
         fail(f"{', '.join(missing)} missing: run scripts/install-test-deps")
-    state = pathlib.Path(tempfile.mkdtemp(prefix="everystep-podman-"))
-    yield Engine(CACHE / "storage", state)
-    shutil.rmtree(state, ignore_errors=True)
+    return Engine(CACHE)
 
 
 @pytest.fixture(scope="module")
@@ -303,16 +318,22 @@ def image(engine, request):
     artifacts = pathlib.Path(os.environ.get("EVERYSTEP_TEST_ARTIFACTS") or REPO / "test-artifacts")
     artifacts.mkdir(parents=True, exist_ok=True)
     (artifacts / "container.json").write_text(json.dumps(record, indent=2) + "\n")
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        megabytes = {key: record[key] / 1e6 for key in ("image_bytes", "base_bytes")}
-        reporter.write_line(
-            f"container image: {megabytes['image_bytes']:.1f} MB, its base "
-            f"{megabytes['base_bytes']:.1f} MB + "
-            f"{megabytes['image_bytes'] - megabytes['base_bytes']:.1f} MB; "
-            f"base made in {record['base_seconds']:.0f}s, built in "
-            f"{record['build_seconds']:.0f}s, tests done in {record['seconds']:.0f}s"
-        )
+    image_mb, base_mb = record["image_bytes"] / 1e6, record["base_bytes"] / 1e6
+    report(
+        request.config,
+        f"container image {image_mb:.1f} MB: its base {base_mb:.1f} MB + "
+        f"{image_mb - base_mb:.1f} MB; base made in {record['base_seconds']:.0f}s, "
+        f"image built in {record['build_seconds']:.0f}s, all in {record['seconds']:.0f}s",
+    )
+
+
+def report(config, line):
+    """Show `line` in the test run's output, past the capture."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line("\n" + line)
 
 
 def test_the_image_holds_one_read_only_copy_of_the_code_and_declares_its_contract(engine, image):
@@ -388,6 +409,7 @@ def test_the_image_runs_a_workflow_read_only_as_any_uid_into_its_volume_and_drai
         "--volume",
         f"{REPO / 'examples'}:/app/workflows:ro",
         "--read-only",
+        "--read-only-tmpfs=false",  # no writable /tmp either, as with Docker's --read-only
         "--user",
         uid,
         "--stop-timeout",

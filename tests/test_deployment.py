@@ -1,5 +1,6 @@
-"""The deployment forms: the container image (hadolint, and the zipapp run the
-way the image runs it), the Procfile, and `make run`."""
+"""The deployment forms: the container image (hadolint, and the zipapp
+unpacked and run the way the image runs it; tests/test_container.py builds
+and runs the image itself), the Procfile, and `make run`."""
 
 import json
 import os
@@ -15,10 +16,12 @@ import pytest
 
 from everystep.models import Workflow
 from tests.helpers import database_url, wait_until
+from tests.servers import free_port
 from tests.workerproc import REPO
 from tests.zipapp import clean_environment
 
 UNPRIVILEGED = 65534  # nobody
+IMAGE_USER = 10001  # the Dockerfile's USER, owner of /app/data
 
 
 def test_the_dockerfile_passes_hadolint():
@@ -30,7 +33,8 @@ def test_the_dockerfile_passes_hadolint():
 
 
 def final_stage(dockerfile):
-    """ENV, WORKDIR, USER, STOPSIGNAL, ENTRYPOINT and CMD of the last stage."""
+    """ENV, WORKDIR, USER, STOPSIGNAL, ENTRYPOINT, CMD and the HEALTHCHECK's
+    command of the last stage."""
     text = re.sub(r"\\\n\s*", " ", dockerfile.read_text())
     stage = text.rsplit("\nFROM ", 1)[1]
     found = {"ENV": {}}
@@ -42,35 +46,37 @@ def final_stage(dockerfile):
             found[instruction] = rest.strip()
         elif instruction in ("ENTRYPOINT", "CMD"):
             found[instruction] = json.loads(rest)
+        elif instruction == "HEALTHCHECK":
+            found[instruction] = json.loads(rest.split(" CMD ", 1)[1])
     return found
 
 
 @pytest.fixture
 def image_root(pyz):
-    """A directory laid out like the image's filesystem: the zipapp in
-    /opt/everystep, extracted at build time by root, all read-only but
-    /app/data; the example workflows in /app/workflows."""
+    """A directory laid out like the image's filesystem: the zipapp unpacked
+    into /opt/everystep at build time by root, all read-only but /app/data
+    (the image user's, writable by group 0); the example workflows in
+    /app/workflows."""
     root = pathlib.Path(tempfile.mkdtemp(prefix="everystep-image-"))
     root.chmod(0o755)
     image = final_stage(REPO / "Dockerfile")
-    opt = root / "opt" / "everystep"
-    opt.mkdir(parents=True)
-    shutil.copy2(pyz, opt / "everystep.pyz")
+    # The build stage: `scripts/unpack-pyz /tmp/everystep.pyz /opt/everystep`.
+    subprocess.run(
+        [str(REPO / "scripts" / "unpack-pyz"), str(pyz), str(root / "opt" / "everystep")],
+        check=True,
+        capture_output=True,
+    )
     (root / "app" / "workflows").mkdir(parents=True)
     shutil.copy2(REPO / "examples" / "shop.py", root / "app" / "workflows" / "shop.py")
     (root / "app" / "data").mkdir()
     env = image_environment(root, image)
-    # The build step: `RUN python3 /opt/everystep/everystep.pyz --version`, as root.
-    subprocess.run(
-        ["python3", str(opt / "everystep.pyz"), "--version"],
-        env=env,
-        check=True,
-        capture_output=True,
-    )
+    # The final stage's `RUN everystep --version`, as root.
+    subprocess.run(as_image_user(root, image, ["--version"]), env=env, check=True)
     for path in [root, *root.rglob("*")]:
         if path != root / "app" / "data":
             path.chmod(path.stat().st_mode & ~0o222)
-    os.chown(root / "app" / "data", UNPRIVILEGED, UNPRIVILEGED)
+    os.chown(root / "app" / "data", IMAGE_USER, 0)
+    (root / "app" / "data").chmod(0o775)
     yield root, image, env
     for path in [root, *root.rglob("*")]:
         path.chmod(path.stat().st_mode | 0o200)
@@ -87,6 +93,9 @@ def image_environment(root, image):
 
     env = clean_environment(**{key: relocate(value) for key, value in image["ENV"].items()})
     env["EVERYSTEP_WORKFLOWS"] = "shop"
+    # The image's port, but a free one on loopback (a test server's).
+    env["EVERYSTEP_METRICS_PORT"] = str(free_port())
+    env["EVERYSTEP_METRICS_BIND"] = "127.0.0.1"
     return env
 
 
@@ -98,14 +107,19 @@ def as_image_user(root, image, args):
     return [*entrypoint, *args]
 
 
-def test_the_image_runs_as_a_non_root_user_on_a_read_only_tree_and_drains_on_sigterm(
+def test_the_image_runs_as_any_uid_on_a_read_only_tree_answers_its_health_check_and_drains(
     image_root, spawn_process
 ):
     root, image, env = image_root
-    assert image["USER"] not in ("", "0", "root") and image["STOPSIGNAL"] == "SIGTERM"
+    assert image["USER"] == str(IMAGE_USER) and image["STOPSIGNAL"] == "SIGTERM"
     assert image["CMD"] == ["worker"] and image["WORKDIR"] == "/app"
     workdir = root / "app"
-    user = {"user": UNPRIVILEGED, "group": UNPRIVILEGED, "extra_groups": []}
+    # Any uid, as a platform that picks one runs it: in group 0, as in the
+    # container, where /etc/passwd does not name it.
+    user = {"user": UNPRIVILEGED, "group": 0, "extra_groups": []}
+
+    def health_check():
+        return subprocess.run(image["HEALTHCHECK"], env=env, capture_output=True, timeout=10)
 
     worker = spawn_process(
         "image", as_image_user(root, image, image["CMD"]), env=env, cwd=workdir, **user
@@ -122,10 +136,13 @@ def test_the_image_runs_as_a_non_root_user_on_a_read_only_tree_and_drains_on_sig
     )
     assert scheduled.returncode == 0, scheduled.stderr
     worker.wait_for_log(f"run {scheduled.stdout.strip()} shop.fulfil_order completed")
+    assert health_check().returncode == 0
     worker.send(signal.SIGTERM)
     assert worker.wait() == 0, worker.log()
     assert "Permission denied" not in worker.log() and "Read-only" not in worker.log()
     assert not list((root / "opt").rglob("__pycache__"))
+    assert (root / "app" / "data" / "everystep.sqlite3").is_file()
+    assert health_check().returncode != 0  # nothing answers once it has stopped
 
 
 def procfile():
