@@ -191,10 +191,16 @@ def base_image(engine):
     tag = f"{BASE}:{hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:12]}"
     with locked(CACHE / "base.lock"):
         exists = engine.podman("image", "exists", tag, check=False)
+        if exists.returncode not in (0, 1):  # 1: no such image
+            # A storage podman refuses (it records its absolute paths: the
+            # repository moved, say) is only a cache: start it anew.
+            for folder in ("storage", "run", "libpod"):
+                shutil.rmtree(CACHE / folder, ignore_errors=True)
+            exists = engine.podman("image", "exists", tag, check=False)
+            if exists.returncode not in (0, 1):
+                fail(f"podman cannot use its storage in {CACHE}: {exists.stderr.strip()}")
         if exists.returncode == 0:
             return tag, 0.0
-        if exists.returncode != 1:  # 1: no such image
-            fail(f"podman cannot read its storage in {CACHE}: {exists.stderr.strip()}")
         started = time.monotonic()
         work = pathlib.Path(tempfile.mkdtemp(prefix="base-", dir=CACHE))
         try:
