@@ -10,7 +10,7 @@ instead of refusing to start.
 
 import time
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from everystep import command_names, events, transient
@@ -36,11 +36,16 @@ def wait_for_migrations(seconds, stop=None):
     give_up_at = time.monotonic() + seconds
     waiting = False
     while True:
-        pending = transient.first_contact(
-            lambda attempt: pending_migrations(),
-            what="checking migrations",
-            should_stop=stop.is_set if stop is not None else None,
-        )
+        try:
+            pending = transient.first_contact(
+                lambda attempt: pending_migrations(),
+                what="checking migrations",
+                should_stop=stop.is_set if stop is not None else None,
+            )
+        except DatabaseError:
+            if stop is not None and stop.is_set():
+                return False  # stopped while the database was out of reach
+            raise
         if not pending:
             if waiting:
                 events.announce("migrations_applied")
