@@ -64,9 +64,13 @@ def test_a_project_that_configures_logging_keeps_its_own(fresh_project, spawn_pr
 
 
 PROJECT_TESTS = """
+import threading
+import time
+
 from django.test import TestCase, TransactionTestCase
 
 from everystep import schedule, testing
+from everystep.worker import Worker
 from orders.workflows import charge, fulfil
 
 
@@ -102,6 +106,19 @@ class CommittedTests(TransactionTestCase):
         testing.run_scheduled()
         run.refresh_from_db()
         self.assertEqual(run.result["charged"], 4)
+
+    def test_an_embedded_worker_runs_a_committed_run(self):
+        run = schedule(fulfil, 13, "lamp", 2)
+        worker = Worker(name="embedded", poll=0.05)
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while run.status != "completed" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            run.refresh_from_db()
+        worker.stop()
+        thread.join(30)
+        self.assertEqual(run.status, "completed")
 """
 
 PYTEST_TESTS = """
@@ -128,7 +145,7 @@ def test_the_projects_own_tests_run_workflows_with_everystep_testing(fresh_proje
 
     result = project.manage("test", "orders", "--noinput", "-v", "2")
     assert result.returncode == 0, result.stderr
-    assert "Ran 4 tests" in result.stderr and "OK" in result.stderr
+    assert "Ran 5 tests" in result.stderr and "OK" in result.stderr
     assert "database table is locked" not in result.stderr
 
     project.write(
@@ -139,8 +156,10 @@ def test_the_projects_own_tests_run_workflows_with_everystep_testing(fresh_proje
     before += ["orders/test_pytest.py", "pytest.ini"]
     pytest_run = project.run_module("pytest", "-q", "-p", "no:cacheprovider", "orders")
     assert pytest_run.returncode == 0, pytest_run.stdout + pytest_run.stderr
-    assert "6 passed" in pytest_run.stdout
-    assert project.files() == sorted(before)  # nothing left behind: no lock file, no database
+    assert "7 passed" in pytest_run.stdout
+    # Nothing left behind: no worker's lock file beside the in-memory test
+    # database (SQLite), no database file.
+    assert project.files() == sorted(before)
 
 
 def test_the_system_checks_name_a_missing_workflows_module_in_one_line(fresh_project):
