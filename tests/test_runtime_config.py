@@ -1,6 +1,7 @@
 """The zipapp's configuration (§8): every variable honoured, flags over the
 environment, bad values refused in one line, secrets never shown."""
 
+import datetime
 import json
 import os
 import pathlib
@@ -97,6 +98,20 @@ def test_json_logs_are_one_object_per_line_and_the_level_filters(pyz_worker):
     assert any(r["message"].startswith("worker") and "ready" in r["message"] for r in records)
     assert {"time", "level", "logger", "message"} <= set(records[0])
     assert any(r.get("action") == "run_completed" for r in records)
+    for record in records:  # ISO 8601, in UTC, as log pipelines parse it
+        moment = datetime.datetime.fromisoformat(record["time"])
+        assert moment.utcoffset() == datetime.timedelta(0), record["time"]
+        assert abs(datetime.datetime.now(datetime.UTC) - moment) < datetime.timedelta(minutes=5)
+
+
+def test_text_logs_start_with_an_iso_8601_time_and_the_level(pyz_worker):
+    worker = pyz_worker(env=workflow_environment())
+    worker.wait_ready()
+    stop(worker)
+    for line in worker.log().splitlines():
+        moment, level, _ = line.split(maxsplit=2)
+        assert datetime.datetime.fromisoformat(moment).utcoffset() is not None, line
+        assert level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), line
 
     quiet = pyz_worker(env=workflow_environment(EVERYSTEP_LOG_LEVEL="warning"))
     run = Workflow.objects.create(name="tests.workflows.quick", args=[2])
