@@ -11,6 +11,7 @@ in its module's docstring:
     throughput  bench.throughput            worker processes draining a queue
     pickup      bench.pickup                schedule() to first step, idle worker
     claims      bench.claims                claim latency with 1,000,000 finished, then future, runs
+                                            (each backend; PostgreSQL also unprepared)
     ui          bench.ui                    operator UI pages with 1,000,000 runs
     replay      bench.replay                resuming a run of 1,000 recorded steps
     footprint   bench.footprint             worker start-up and memory
@@ -95,6 +96,8 @@ class Task:
     backend: str = "postgres"
     options: dict = dataclasses.field(default_factory=dict)
     timeout: float = 300
+    #: Appended to the database URL (connection options).
+    url_query: str = ""
 
 
 def plan(size):
@@ -159,15 +162,23 @@ def plan(size):
                 },
             )
         )
+    # PostgreSQL also without prepared statements, as behind PgBouncer in
+    # transaction mode: every claim is then planned afresh.
+    claims = [(backend, backend, "") for backend in report.BACKENDS]
+    claims.insert(1, ("postgres", "postgres_unprepared", "?prepare_threshold=none"))
     tasks += [
         Task(
             "claims",
-            "claims.postgres",
+            f"claims.{name}",
+            backend,
+            timeout=600,
+            url_query=url_query,
             options={
                 "samples": size.claim_samples,
                 "finished": size.finished_runs,
             },
-        ),
+        )
+        for backend, name, url_query in claims
     ]
     tasks += [
         Task(
@@ -221,7 +232,7 @@ def run_task(task, databases, workdir):
         return peers.measure(
             task.prefix.split(".")[1], url, *task.options["args"], timeout=task.timeout
         )
-    url = databases.fresh(task.backend)
+    url = databases.fresh(task.backend) + task.url_query
     return harness.measure(url, task.section, task.timeout, **task.options)
 
 

@@ -289,11 +289,23 @@ def _pickup(t, get):
             t.row(f"{label} {q}", value, "ms", value / 1e3, backend, note)
 
 
+CLAIMS = (
+    ("postgres", "postgres"),
+    ("postgres_unprepared", "postgres, no prepared statements (PgBouncer)"),
+    ("mariadb", "mariadb"),
+    ("sqlite", "sqlite"),
+)
+
+
 def _claims(t, get):
-    p = "claims.postgres"
+    for name, title in CLAIMS:
+        _claims_of(t, get, f"claims.{name}", title)
+
+
+def _claims_of(t, get, p, title):
     if get(f"{p}.empty_idle_us") is None:
         return
-    t.heading("postgres: claim of 8 as finished and future runs pile up")
+    t.heading(f"{title}: claim of 8 as finished and future runs pile up")
     finished = number(get(f"{p}.finished_runs"))
     for case, label in (("8_waiting", "8 runs waiting"), ("idle", "nothing waiting")):
         empty, full = get(f"{p}.empty_{case}_us"), get(f"{p}.full_{case}_us")

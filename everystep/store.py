@@ -169,20 +169,28 @@ def next_due(workflows=None):
 
 
 def _claim_in_one_statement(worker_name, limit, workflows, token, now):
-    # 'scheduled' is written into the statement, not bound: a prepared
-    # statement's generic plan can then still use the partial claim index.
-    sql = """
+    # One statement, prepared once per connection (psycopg prepares it on
+    # its fifth run). PostgreSQL keeps running its generic plan only while
+    # that costs no more than a plan for the values at hand, so the
+    # statement leaves it nothing to guess: 'scheduled' is written in (the
+    # partial claim index), and so is the limit (one statement per pool
+    # size), since a bound LIMIT is assumed to keep a tenth of the
+    # candidates — tens of thousands once many runs wait for a later time —
+    # and every claim would be planned again. The locked candidates are one
+    # array, collected once, that the UPDATE looks up by primary key: no
+    # join to plan, even when a pooler keeps nothing prepared.
+    sql = f"""
         UPDATE everystep_workflow
            SET status = %s, claimed_by = %s, claim_token = %s, claimed_at = %s
-         WHERE id IN (SELECT id FROM everystep_workflow
-                       WHERE status = 'scheduled' AND name = ANY(%s) AND run_at <= %s
-                       ORDER BY run_at LIMIT %s
-                       FOR UPDATE SKIP LOCKED)
+         WHERE id = ANY(ARRAY(SELECT id FROM everystep_workflow
+                               WHERE status = 'scheduled' AND name = ANY(%s) AND run_at <= %s
+                               ORDER BY run_at LIMIT {int(limit):d}
+                               FOR UPDATE SKIP LOCKED))
      RETURNING id, name, args, run_at, trace_context, cancel_requested_at IS NOT NULL,
                EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [RUNNING, worker_name, token, now, workflows, now, limit])
+        cursor.execute(sql, [RUNNING, worker_name, token, now, workflows, now])
         rows = cursor.fetchall()
     runs = [
         ClaimedRun(

@@ -1,7 +1,10 @@
 """The claim reads an index without finished runs, whatever the backend."""
 
+import datetime
+
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from everystep import store
 from everystep.models import Workflow
@@ -50,3 +53,21 @@ def test_the_catchup_reads_an_index_of_running_runs_by_name():
     )
     assert "everystep_workflow_claimed_by" in plan(catchup)
     assert len(store.claim("w-0", 8, ["w"], only_parked=True)) == 1
+
+
+@pytest.mark.backends("postgres")
+def test_a_prepared_claim_keeps_its_generic_plan_with_many_runs_due_later():
+    """Runs waiting for a later time do not make PostgreSQL plan every
+    claim afresh: the prepared claim's generic plan is the one it runs."""
+    later = timezone.now() + datetime.timedelta(days=1)
+    fill({"name": "w", "run_at": later}, Workflow(name="w"))
+    assert len(store.claim("generic", 8, ["w"])) == 1
+    for _ in range(12):  # prepared on the 5th, generic plan from the 6th run on
+        assert store.claim("generic", 8, ["w"]) == []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE '%%FOR UPDATE SKIP LOCKED%%'"
+        )
+        (generic_plans,) = cursor.fetchone()
+    assert generic_plans > 0
