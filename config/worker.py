@@ -7,12 +7,14 @@ import socket
 
 from everystep.options import OPTIONS
 
+# Kubernetes' alphabet for generated names: no vowels, no look-alikes.
+_KUBERNETES = "[bcdfghjklmnpqrstvwxz2456789]"
 # Host names that change with every container or pod: Docker's and Podman's
 # default (the container id's first 12 hex digits), and a Kubernetes
 # Deployment's pod (its ReplicaSet's hash, then 5 random characters).
 _RANDOM_HOSTNAMES = (
     re.compile(r"[0-9a-f]{12}"),
-    re.compile(r".+-[0-9a-z]{6,10}-[0-9a-z]{5}"),
+    re.compile(rf".+-{_KUBERNETES}{{6,10}}-{_KUBERNETES}{{5}}"),
 )
 
 

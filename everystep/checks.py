@@ -18,11 +18,10 @@ with its fix as the hint.
 
 from django.core import checks
 
-SQLITE_OPTIONS = """DATABASES["default"]["OPTIONS"] = {
-    "transaction_mode": "IMMEDIATE",
-    "timeout": 30,
-    "init_command": "PRAGMA journal_mode=WAL;",
-}"""
+SQLITE_OPTIONS = (
+    'DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30, '
+    '"init_command": "PRAGMA journal_mode=WAL;"}'
+)
 
 POSTGRES_OPTIONS = (
     'DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5} '

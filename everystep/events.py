@@ -87,10 +87,9 @@ EVENTS = {
     ),
     "migrations_pending": Event(
         WARNING,
-        "{count} everystep migration(s) not applied yet: waiting up to {seconds:g}s "
-        "for `{migrate}`",
+        "{count} migration(s) not applied yet: waiting up to {seconds:g}s for `{migrate}`",
     ),
-    "migrations_applied": Event(INFO, "everystep migrations applied: starting"),
+    "migrations_applied": Event(INFO, "migrations applied: starting"),
     **{
         f"run_{status}": Event(
             INFO if status in ("completed", "cancelled") else WARNING,

@@ -26,6 +26,7 @@ import dataclasses
 import datetime
 import uuid
 
+from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
@@ -274,39 +275,52 @@ def requeue(run_ids=None, *, claimed_by=None):
     """
     if (run_ids is None) == (claimed_by is None):
         raise EverystepError("give run ids or a worker name, not both")
-    if run_ids is not None:
-        run_ids = [parse_run_id(run_id) for run_id in run_ids]
-        found = {
-            run_id: (status, worker)
-            for run_id, status, worker in Workflow.objects.filter(id__in=run_ids).values_list(
-                "id", "status", "claimed_by"
-            )
-        }
-        _refuse_unless_running(run_ids, found)
-        names = {worker for status, worker in found.values()}
-    else:
+    if run_ids is None:
         names = {claimed_by}
+    else:
+        run_ids = [parse_run_id(run_id) for run_id in run_ids]
+        found = store.run_holders(run_ids)
+        _refuse_unless_running(run_ids, found)
+        names = {worker for _, worker in found.values()}
     with contextlib.ExitStack() as held:
         for name in sorted(name for name in names if name):
             held.enter_context(_holding_name(name))
-        return store.requeue_runs(run_ids, claimed_by=claimed_by)
+        with transaction.atomic():
+            if run_ids is not None:
+                # Read again under the names' locks, the rows locked too: a
+                # run requeued and claimed by a live worker meanwhile is
+                # refused, not taken from it.
+                _refuse_unless_running(run_ids, store.run_holders(run_ids, lock=True), names)
+            return store.requeue_runs(run_ids, claimed_by=claimed_by)
 
 
-def _refuse_unless_running(run_ids, found):
-    """`EverystepError` naming each of `run_ids` that does not exist or is
-    not ``running`` (`found`: id → (status, worker)): requeue changes
-    nothing unless it can requeue every run asked."""
+def _refuse_unless_running(run_ids, found, names=None):
+    """`EverystepError` naming each of `run_ids` that does not exist, is
+    not ``running`` or (given the `names` locked) is held by another worker;
+    `found` maps id → (status, worker). Requeue changes nothing unless it
+    can requeue every run asked."""
     problems = []
     for run_id in run_ids:
-        if run_id not in found:
+        status, worker = found.get(run_id, (None, None))
+        if status is None:
             problems.append(f"no run {run_id}")
-        elif found[run_id][0] != Workflow.Status.RUNNING:
-            problems.append(f"run {run_id} is {found[run_id][0]}")
+        elif status != Workflow.Status.RUNNING:
+            problems.append(f"run {run_id} {_why_not_running(status)}")
+        elif names is not None and worker not in names:
+            problems.append(f"run {run_id} is now held by worker {worker}")
     if problems:
-        raise EverystepError(
-            "; ".join(problems) + ": only running runs are requeued (a failed or stopped run "
-            f"is run again with {command_names.command('retry')})"
-        )
+        raise EverystepError("; ".join(problems) + " (only running runs are requeued)")
+
+
+def _why_not_running(status):
+    """Why a run in `status` is not requeued, and what to do instead."""
+    if status == Workflow.Status.SCHEDULED:
+        return "is scheduled: a worker will claim it"
+    if status == Workflow.Status.FAILED:
+        return f"failed: run it again with {command_names.command('retry')}"
+    if status == Workflow.Status.BLOCKED:
+        return f"is blocked: resolve its step with {command_names.command('resolve-step')}"
+    return f"is {status}: it has ended"
 
 
 @contextlib.contextmanager

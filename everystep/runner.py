@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 
 from everystep import attempts, clock, context, events, registry, serde, store, transient
@@ -316,7 +316,14 @@ def _called(ctx, func, args, kwargs):
     ctx.recording = False  # what the function calls is part of this step
     began = time.monotonic()
     try:
-        result = func(*args, **kwargs)
+        if context.host_transaction() is None:
+            result = func(*args, **kwargs)
+        else:
+            # In a test's transaction a worker's autocommit is a savepoint:
+            # a step that fails on a database error rolls back its own
+            # writes, and the test's transaction stays usable to record it.
+            with transaction.atomic():
+                result = func(*args, **kwargs)
     except Exception as exc:
         encoded = serde.encode_exception(exc)
         seconds = time.monotonic() - began

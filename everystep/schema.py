@@ -1,5 +1,5 @@
-"""Whether the database has everystep's tables as this code expects them:
-the migrations still to apply, and a worker's wait for them.
+"""Whether the database has the tables this code expects: the migrations
+still to apply, and a worker's wait for them.
 
 A platform runs its release process (``migrate``) before the new workers
 start; honcho, Compose or a Kubernetes pod without an init container may
@@ -21,15 +21,16 @@ POLL_SECONDS = 1.0
 
 
 def pending_migrations(alias=DEFAULT_DB_ALIAS):
-    """everystep's migrations not yet applied to the database `alias`, in
-    the order they would be (one query)."""
+    """The migrations not yet applied to the database `alias`, of every
+    installed app (workflows use the project's models too), in the order
+    they would be (one query)."""
     executor = MigrationExecutor(connections[alias])
-    targets = [node for node in executor.loader.graph.leaf_nodes() if node[0] == "everystep"]
-    return [migration for migration, _ in executor.migration_plan(targets)]
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    return [migration for migration, _ in plan]
 
 
 def wait_for_migrations(seconds, stop=None):
-    """Return True once everystep's migrations are all applied, waiting for
+    """Return True once the migrations are all applied, waiting for
     them up to `seconds` (0: not at all); False when the `threading.Event`
     `stop` is set meanwhile. Raises `ConfigurationError` naming what to run
     when they are still pending at the end of the wait."""
@@ -51,6 +52,8 @@ def wait_for_migrations(seconds, stop=None):
                 events.announce("migrations_applied")
             return True
         left = give_up_at - time.monotonic()
+        if stop is not None and stop.is_set():
+            return False
         if left <= 0:
             raise ConfigurationError(_refusal(len(pending), seconds))
         if not waiting:
@@ -71,10 +74,10 @@ def _refusal(count, seconds):
     migrate = command_names.command("migrate")
     if seconds:
         return (
-            f"the database still has {count} unapplied everystep migration(s) after "
+            f"the database still has {count} unapplied migration(s) after "
             f"waiting {seconds:g}s: run `{migrate}`"
         )
     return (
-        f"the database has {count} unapplied everystep migration(s): run `{migrate}` first, "
+        f"the database has {count} unapplied migration(s): run `{migrate}` first, "
         f"or start the worker with --wait-for-migrations SECONDS to wait for it"
     )

@@ -118,8 +118,8 @@ def decode(text):
     return from_json(json.loads(text))
 
 
-#: How much of a traceback is stored with an error: its last characters,
-#: where the frame that raised is.
+#: How much of a traceback is stored with an error: its first quarter and
+#: its end, when it is longer.
 MAX_TRACEBACK_CHARS = 16_000
 
 
@@ -129,8 +129,8 @@ def encode_exception(exc):
 
     Arguments that cannot be serialized are replaced by the message, so that
     any exception can be recorded. The traceback is None for an exception
-    never raised (an operator's cancel); it keeps its last
-    `MAX_TRACEBACK_CHARS`, where the frame that raised is.
+    never raised (an operator's cancel); a long one keeps its beginning and
+    its end, `MAX_TRACEBACK_CHARS` in all.
     """
     try:
         args = to_json(list(exc.args))
@@ -149,7 +149,10 @@ def _traceback_text(exc):
         return None
     text = "".join(traceback.format_exception(exc))
     if len(text) > MAX_TRACEBACK_CHARS:
-        text = "…\n" + text[-MAX_TRACEBACK_CHARS:]
+        # The first frames (where it was called from) and the end (the frame
+        # that raised, and the message), whatever a long message pushes out.
+        head = MAX_TRACEBACK_CHARS // 4
+        text = f"{text[:head]}\n…\n{text[-(MAX_TRACEBACK_CHARS - head) :]}"
     # Storable everywhere: no NUL, no lone surrogate.
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 

@@ -368,6 +368,18 @@ def step_recorded(run, step_id, status):
     ).exists()
 
 
+def run_holders(run_ids, *, lock=False):
+    """``{run id: (status, claimed_by)}`` of the runs `run_ids` that exist;
+    with `lock`, their rows locked until the transaction ends."""
+    runs = Workflow.objects.filter(id__in=list(run_ids))
+    if lock:
+        runs = runs.select_for_update()
+    return {
+        run_id: (status, worker)
+        for run_id, status, worker in runs.values_list("id", "status", "claimed_by")
+    }
+
+
 def requeue_runs(run_ids=None, *, claimed_by=None):
     """Operator recovery: put ``running`` runs (by id, or every one claimed
     under a worker name) back to ``scheduled``. Returns the ids requeued."""

@@ -77,8 +77,8 @@ def run_scheduled(*, until=None, max_attempts=1000):
                 attempt(claimed[0])
                 continue
             due = store.next_due() if horizon is not None else None
-            if due is None or due > horizon:
-                break
+            if due is None or due > horizon or due <= clock.now():
+                break  # nothing more comes due, or what is due is locked elsewhere
             jump_to(due)
     runs = Workflow.objects.in_bulk(list(order))
     return [runs[run_id] for run_id in order if run_id in runs]
@@ -106,12 +106,16 @@ def crash_after(step):
         raise TypeError(f"crash_after() takes a step function, its name or a step id, not {step!r}")
     crashed = []
 
+    previous = runner.fault
+
     def fault(ctx, step_id, name):
         if not crashed and wanted in (step_id, name, name.rsplit(".", 1)[-1]):
             crashed.append(step_id)
             raise SimulatedCrash(step_id)
+        if previous is not None:  # an enclosing crash_after's
+            previous(ctx, step_id, name)
 
-    previous, runner.fault = runner.fault, fault
+    runner.fault = fault
     try:
         yield
     finally:

@@ -143,7 +143,8 @@ class Worker:
             if not schema.wait_for_migrations(
                 self.options.wait_for_migrations, self._shutdown.requested
             ):
-                return  # stopped while waiting for the migrations
+                self._announce_stopped()  # while waiting for the migrations
+                return
             if not self._guard.acquire(self.drain, self._shutdown.requested):
                 return  # stopped while waiting for the name
             listener = None

@@ -62,6 +62,11 @@ def runs(env, args):
     from everystep import operations
     from everystep.errors import EverystepError
 
+    if args.workflow and "." not in args.workflow:
+        raise UsageError(
+            f"--workflow {args.workflow!r}: give the qualified name, module.function "
+            f"(runs of workflows no longer deployed are listed too)"
+        )
     try:
         run_filter = operations.RunFilter(
             status=args.status,
@@ -83,25 +88,25 @@ def runs(env, args):
 
 
 def _since(text):
-    """``--since``: an ISO 8601 time (UTC without a zone) or a duration back
-    from now (``90m``, ``2h``, ``1d``)."""
+    """``--since``: an ISO 8601 time (UTC without a zone), as the UI's
+    filters read one, or a duration back from now (``90m``, ``2h``)."""
     import datetime
 
     from everystep import clock
     from everystep.errors import EverystepError
+    from everystep.ui import filters
 
     try:
-        return clock.now() - datetime.timedelta(seconds=clock.parse_duration(text))
+        return filters.moment("--since", text)
     except EverystepError:
         pass
     try:
-        moment = datetime.datetime.fromisoformat(text.strip())
-    except ValueError:
+        return clock.now() - datetime.timedelta(seconds=clock.parse_duration(text))
+    except EverystepError:
         raise UsageError(
             f"--since {text!r} is neither a time (2026-12-03T14:30, UTC unless it gives a zone) "
             f"nor a duration back from now (90m, 2h, 1d)"
         ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
 
 
 def show(env, args):
@@ -303,11 +308,27 @@ def _print_unclaimable():
 
 
 def _migrate_sqlite():
-    """SQLite, the embedded default, is migrated on the spot."""
+    """SQLite, the embedded default, is migrated on the spot, by one
+    process at a time: a worker and the UI started together on a new file
+    would otherwise both create its tables. The lock is on the file's
+    directory, which needs no file of its own and leaves SQLite's locks on
+    the database alone."""
+    import fcntl
+
     from django.db import connection
 
-    if connection.vendor == "sqlite":
-        call_command("migrate", verbosity=0)
+    from everystep import schema
+
+    if connection.vendor != "sqlite":
+        return
+    directory = os.path.dirname(os.path.abspath(connection.settings_dict["NAME"]))
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        if schema.pending_migrations():
+            call_command("migrate", verbosity=0)
+    finally:
+        os.close(descriptor)  # and with it the lock
 
 
 def _migrate_or_refuse():

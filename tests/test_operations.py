@@ -8,6 +8,7 @@ import pytest
 from django.utils import timezone
 
 from everystep import operations, schedule
+from everystep.errors import EverystepError
 from everystep.models import Worker, Workflow
 from tests import workflows
 from tests.helpers import park, wait_until
@@ -62,6 +63,35 @@ def test_requeue_is_refused_while_the_worker_is_alive_and_holds_its_name(embedde
     assert operations.requeue(claimed_by="alive") == [parked.id]
     parked.refresh_from_db()
     assert (parked.status, parked.claimed_by) == ("scheduled", None)
+
+
+def test_requeue_refuses_a_run_claimed_by_another_worker_while_it_took_the_names_lock(
+    monkeypatch,
+):
+    """The race: between requeue's first read and the lock on the dead
+    worker's name, the run was requeued and claimed by a live worker. The
+    run stays with the live worker, and nothing is requeued."""
+    import contextlib
+
+    parked = park(workflows.quick, 1, worker="dead")
+    other = park(workflows.quick, 2, worker="dead")
+    taking_the_lock = operations._holding_name
+
+    @contextlib.contextmanager
+    def meanwhile_claimed_elsewhere(name):
+        Workflow.objects.filter(id=parked.id).update(claimed_by="alive-elsewhere")
+        with taking_the_lock(name):
+            yield
+
+    monkeypatch.setattr(operations, "_holding_name", meanwhile_claimed_elsewhere)
+    with pytest.raises(
+        EverystepError, match=f"run {parked.id} is now held by worker alive-elsewhere"
+    ):
+        operations.requeue([str(parked.id), str(other.id)])
+    assert set(Workflow.objects.values_list("status", "claimed_by")) == {
+        ("running", "alive-elsewhere"),
+        ("running", "dead"),
+    }
 
 
 def test_django_projects_have_requeue_as_a_management_command(embedded_worker):

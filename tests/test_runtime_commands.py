@@ -141,8 +141,8 @@ def test_requeue_refuses_a_run_that_is_not_running_naming_its_status_and_changes
     result = everystep("requeue", str(parked.id), str(failed.id), str(missing))
     assert result.returncode == 2 and result.stdout == ""
     error = one_line_error(result)
-    assert f"run {failed.id} is failed" in error and f"no run {missing}" in error
-    assert "everystep retry" in error  # the standalone command, not manage.py's
+    assert f"run {failed.id} failed: run it again with everystep retry" in error
+    assert f"no run {missing}" in error  # the standalone command, not manage.py's
     assert Workflow.objects.get(id=parked.id).status == "running"  # all or nothing
 
 
@@ -171,7 +171,9 @@ def test_runs_filters_as_the_ui_does_and_its_json_is_the_apis(everystep):
     assert len(listed("--since", "1h")) == 3
     tomorrow = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=1)).isoformat()
     assert listed("--since", tomorrow) == []
-    for bad in (["--since", "yesterday"], ["--status", "done"]):
+    today = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d")  # a date, not seconds
+    assert len(listed("--since", today)) == 3
+    for bad in (["--since", "yesterday"], ["--status", "done"], ["--workflow", "pay"]):
         result = everystep("runs", *bad)
         assert result.returncode == 2
         assert bad[1] in one_line_error(result)
@@ -365,3 +367,34 @@ def test_check_lists_the_runs_that_wait_for_a_workflow_no_live_worker_has(everys
     assert Workflow.objects.get(id=newer.id).status == "scheduled"
     worker.send(signal.SIGTERM)
     assert worker.wait() == 0
+
+
+@pytest.mark.backends("sqlite")
+def test_a_worker_and_the_ui_started_together_on_a_new_sqlite_file_both_start(
+    pyz, spawn_process, tmp_path
+):
+    """As Compose starts a worker and the UI on one data volume: each
+    migrates the new file on the spot, one after the other."""
+    from tests.servers import free_port
+
+    for attempt in range(3):
+        data = tmp_path / f"data-{attempt}"
+        data.mkdir()
+        port = free_port()
+        env = workflow_environment(
+            url=f"sqlite:///{data}/everystep.sqlite3",
+            EVERYSTEP_UI_PASSWORD="together",
+            EVERYSTEP_NAME=f"together-{attempt}",
+        )
+        worker = spawn_process("worker", [str(pyz), "worker"], env=env, cwd=tmp_path)
+        ui = spawn_process(
+            "ui",
+            [str(pyz), "ui", "--bind", "127.0.0.1", "--port", str(port)],
+            env=env,
+            cwd=tmp_path,
+        )
+        worker.wait_ready()
+        ui.wait_for_log(f"operator UI serving on http://127.0.0.1:{port}/")
+        for process in (worker, ui):
+            process.send(signal.SIGTERM)
+            assert process.wait() == 0, process.log()

@@ -74,14 +74,16 @@ def test_a_raised_exception_keeps_its_traceback_and_a_replay_shows_where_it_firs
     assert again["traceback"].count("in _raise_deep") == 3
 
 
-def test_a_huge_traceback_keeps_its_end():
+def test_a_huge_traceback_keeps_its_beginning_and_its_end():
     try:
         raise ValueError("x" * 20_000 + " the end")
     except ValueError as exc:
         payload = serde.encode_exception(exc)
     text = payload["traceback"]
-    assert len(text) <= serde.MAX_TRACEBACK_CHARS + 2
-    assert text.startswith("…") and text.rstrip().endswith("the end")
+    assert len(text) <= serde.MAX_TRACEBACK_CHARS + 3
+    assert text.startswith("Traceback (most recent call last)")
+    assert "in test_a_huge_traceback_keeps_its_beginning_and_its_end" in text  # the frame
+    assert "\n…\n" in text and text.rstrip().endswith("the end")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -11,6 +11,7 @@ from django.test import TestCase, TransactionTestCase
 
 from everystep import schedule, testing
 from everystep.errors import EverystepError
+from everystep.models import Workflow
 from tests import workflows
 
 HOUR = datetime.timedelta(hours=1)
@@ -52,6 +53,16 @@ class InATestCase(TestCase):
         self.assertEqual(run.status, "failed")
         self.assertIn("Traceback (most recent call last)", run.error["traceback"])
         self.assertIn("tests/workflows.py", run.error["traceback"])
+
+    def test_a_step_failing_on_a_database_error_is_recorded_and_the_test_goes_on(self):
+        run = schedule(workflows.inserts_twice, "order-1")
+        ran = testing.run_scheduled()
+        self.assertEqual(ends(ran), [("inserts_twice", "failed")])
+        run.refresh_from_db()
+        self.assertIn("IntegrityError", run.error["type"])
+        # The step's own writes rolled back; the test's transaction is usable.
+        self.assertFalse(Workflow.objects.filter(idempotency_key="order-1").exists())
+        self.assertEqual(run.steps.get().status, "failed")
 
     def test_a_step_inside_the_workflows_own_atomic_block_is_still_refused(self):
         run = schedule(workflows.charges_inside_atomic, 5)
@@ -97,6 +108,16 @@ class InATestCase(TestCase):
         self.assertEqual(run.status, "blocked")
         self.assertEqual(workflows.calls, {"charge": 1})  # never charged twice
 
+    def test_nested_crash_after_blocks_each_crash_their_own_step(self):
+        adding = schedule(workflows.add_twice, 1, 2)
+        paying = schedule(workflows.pay, 5)
+        with testing.crash_after("charge"), testing.crash_after("add"):
+            testing.run_scheduled()
+        self.assertEqual(
+            sorted(ends(Workflow.objects.filter(id__in=[adding.id, paying.id]))),
+            [("add_twice", "running"), ("pay", "running")],
+        )
+
     def test_crash_after_a_step_that_never_ran_fails_the_test(self):
         schedule(workflows.add_twice, 1, 2)
         with self.assertRaisesRegex(AssertionError, "no such step ran"):
@@ -117,11 +138,11 @@ class InATransactionTestCase(TransactionTestCase):
         self.assertEqual(run.result, {"charged": 12})
         self.assertEqual(workflows.calls, {"charge": 1, "echo": 2})
 
-    def test_parallel_branches_run_on_threads_of_their_own_connections_too(self):
+    def test_parallel_branches_record_their_steps_with_committed_data_too(self):
         run = schedule(workflows.nested_forks, 4)
         testing.run_scheduled()
         run.refresh_from_db()
-        self.assertEqual(run.status, "completed")
+        self.assertEqual((run.status, run.steps.count()), ("completed", 7))
 
 
 def test_under_pytest_django_db(db):

@@ -124,6 +124,7 @@ def worker_on_host(spawn_process, hostname, env=None):
         ("3f2a9c1b7d4e", True),  # Docker's and Podman's default: the container id
         ("orders-worker-7d9c8b6f5-x2k4p", True),  # a Kubernetes Deployment's pod
         ("orders-worker-0", False),  # a StatefulSet's pod: stable
+        ("db-replica-east2", False),  # two dashed words: not Kubernetes' alphabet
         ("db-host-1", False),
     ],
 )

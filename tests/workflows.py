@@ -521,3 +521,18 @@ def retried_across_workers(directory):
 def sleeps_while_a_branch_cancels():
     """Branch 0 goes to sleep; branch 1's step cancels the run."""
     return parallel(lambda: everystep.sleep(3600), cancel_my_run)
+
+
+@step
+def insert_twice(key):
+    """Two rows with one idempotency key: the second fails on the unique
+    constraint, a database error inside the step."""
+    from everystep.models import Workflow
+
+    Workflow.objects.create(name="tests.workflows.quick", idempotency_key=key)
+    Workflow.objects.create(name="tests.workflows.quick", idempotency_key=key)
+
+
+@workflow
+def inserts_twice(key):
+    insert_twice(key)

@@ -22,8 +22,8 @@ def run_filter(query):
         status=given["status"],
         workflow=given["workflow"],
         worker=given["worker"],
-        created_after=_moment("after", given["after"]),
-        created_before=_moment("before", given["before"]),
+        created_after=moment("after", given["after"]),
+        created_before=moment("before", given["before"]),
         search=given["q"],
     )
 
@@ -56,7 +56,9 @@ def _text(query, name):
     return value or None
 
 
-def _moment(name, text):
+def moment(name, text):
+    """`text` as an aware datetime: ISO 8601, UTC when it gives no zone;
+    None for None. `EverystepError` naming `name` otherwise."""
     if text is None:
         return None
     try:
