@@ -22,7 +22,7 @@ from django.db import connection, transaction
 
 from bench import workflows
 from bench.common import median
-from bench.db import Dialect
+from bench.db import Dialect, analyze
 from everystep import schedule, store
 from everystep.models import Workflow
 
@@ -77,23 +77,7 @@ def _load(count, status, due_ms, created_ms, done):
                     f"{sql.moment(created_ms)}, {sql.moment(due_ms)}, {completed} "
                     f"FROM {sql.numbers(first, last)}"
                 )
-        _analyze(cursor)
-
-
-def _analyze(cursor):
-    """Fresh statistics, and the load's dirty pages flushed now, not under
-    the claims timed next."""
-    if connection.vendor == "postgresql":
-        cursor.execute("ANALYZE everystep_workflow")
-        cursor.execute("CHECKPOINT")
-    elif connection.vendor == "mysql":
-        cursor.execute("ANALYZE TABLE everystep_workflow")
-        cursor.fetchall()
-        cursor.execute("FLUSH TABLES everystep_workflow FOR EXPORT")
-        cursor.execute("UNLOCK TABLES")
-    else:
-        cursor.execute("ANALYZE")
-        cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    analyze("everystep_workflow")
 
 
 def measure(samples=200, finished=1_000_000):

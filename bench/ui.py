@@ -44,7 +44,7 @@ from django.urls import include, path
 from django.utils import timezone
 
 from bench.common import RoundTrips, median, percentile
-from bench.db import Dialect
+from bench.db import Dialect, analyze
 from everystep import graph, parallel, step, workflow
 from everystep.models import Step, Worker, Workflow
 
@@ -279,24 +279,6 @@ def register_workers(now):
         )
 
 
-def analyze():
-    """Fresh statistics for the planner, and the load's dirty pages flushed
-    so that no timed request waits for them."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("VACUUM ANALYZE everystep_workflow")
-            cursor.execute("VACUUM ANALYZE everystep_step")
-            cursor.execute("CHECKPOINT")
-        elif connection.vendor == "mysql":
-            cursor.execute("ANALYZE TABLE everystep_workflow, everystep_step")
-            cursor.fetchall()
-            cursor.execute("FLUSH TABLES everystep_workflow, everystep_step FOR EXPORT")
-            cursor.execute("UNLOCK TABLES")
-        else:
-            cursor.execute("ANALYZE")
-            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-
-
 # The pages.
 
 
@@ -441,7 +423,7 @@ def measure_pages(runs, samples, log_dir):
     began = time.perf_counter()
     figures["steps"] = record_steps(1000)
     register_workers(now)
-    analyze()
+    analyze("everystep_workflow", "everystep_step", vacuum=True)
     figures["analyze_s"] = time.perf_counter() - began
 
     client = Client()

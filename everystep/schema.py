@@ -8,6 +8,7 @@ SECONDS``) polls until the migrations are applied, for at most that long,
 instead of refusing to start.
 """
 
+import threading
 import time
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
@@ -34,6 +35,7 @@ def wait_for_migrations(seconds, stop=None):
     them up to `seconds` (0: not at all); False when the `threading.Event`
     `stop` is set meanwhile. Raises `ConfigurationError` naming what to run
     when they are still pending at the end of the wait."""
+    stop = stop or threading.Event()  # never set: wait the whole time
     give_up_at = time.monotonic() + seconds
     waiting = False
     while True:
@@ -41,10 +43,10 @@ def wait_for_migrations(seconds, stop=None):
             pending = transient.first_contact(
                 lambda attempt: pending_migrations(),
                 what="checking migrations",
-                should_stop=stop.is_set if stop is not None else None,
+                should_stop=stop.is_set,
             )
         except DatabaseError:
-            if stop is not None and stop.is_set():
+            if stop.is_set():
                 return False  # stopped while the database was out of reach
             raise
         if not pending:
@@ -52,7 +54,7 @@ def wait_for_migrations(seconds, stop=None):
                 events.announce("migrations_applied")
             return True
         left = give_up_at - time.monotonic()
-        if stop is not None and stop.is_set():
+        if stop.is_set():
             return False
         if left <= 0:
             raise ConfigurationError(_refusal(len(pending), seconds))
@@ -64,10 +66,8 @@ def wait_for_migrations(seconds, stop=None):
                 seconds=seconds,
                 migrate=command_names.command("migrate"),
             )
-        if stop is not None and stop.wait(min(POLL_SECONDS, left)):
+        if stop.wait(min(POLL_SECONDS, left)):
             return False
-        if stop is None:
-            time.sleep(min(POLL_SECONDS, left))
 
 
 def _refusal(count, seconds):

@@ -159,13 +159,12 @@ def next_due(workflows=None):
     """When the earliest scheduled run of `workflows` (default: those
     registered here) becomes due, or None when none is scheduled."""
     workflows = registry.names() if workflows is None else list(workflows)
-    first = (
+    return (
         Workflow.objects.filter(status=SCHEDULED, name__in=workflows)
         .order_by("run_at")
         .values_list("run_at", flat=True)
         .first()
     )
-    return first
 
 
 def _claim_in_one_statement(worker_name, limit, workflows, token, now):
@@ -250,7 +249,6 @@ def record_step(
     its connection was lost, or another runner owns the run.
     """
     db = _thread_connection()
-    finished_at = None if status == Step.Status.STARTED else timezone.now()
     params = [
         step_id,
         name,
@@ -260,7 +258,7 @@ def record_step(
         result,
         error,
         _datetime_param(db, started_at),
-        _datetime_param(db, finished_at),
+        _finished_at_param(db, status),
         attempts,
         *_fence_params(db, run, despite_cancel),
     ]
@@ -275,12 +273,11 @@ def update_step(run, step_id, from_status, status, result, error, attempts=1, de
     into `status` with `result` and `error` (JSON text, or None) after
     `attempts` calls, in place, fenced. Returns whether it landed."""
     db = _thread_connection()
-    finished_at = None if status == Step.Status.STARTED else timezone.now()
     params = [
         status,
         result,
         error,
-        _datetime_param(db, finished_at),
+        _finished_at_param(db, status),
         attempts,
         _uuid_param(db, run.workflow_id),
         step_id,
@@ -497,6 +494,11 @@ def _thread_connection():
 
 def _datetime_param(db, value):
     return db.ops.adapt_datetimefield_value(value)
+
+
+def _finished_at_param(db, status):
+    """A step row's end time: now, unless it is only ``started``."""
+    return _datetime_param(db, None if status == Step.Status.STARTED else timezone.now())
 
 
 def _uuid_param(db, value):

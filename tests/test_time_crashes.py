@@ -28,23 +28,32 @@ def status_of(run):
     return Workflow.objects.get(id=run.id).status
 
 
+def killed_while_off_its_worker(spawn_worker, run, waiting_step, what):
+    """SIGKILL the worker that ran `run` once `waiting_step` (a queryset)
+    is recorded and the run is back to ``scheduled`` (`what` says so);
+    return a second worker, ready, once it has completed the run."""
+    first = spawn_worker("first").wait_ready()
+    wait_until(
+        lambda: waiting_step.exists() and status_of(run) == "scheduled",
+        message=what,
+    )
+    first.send(signal.SIGKILL)
+    first.wait()
+    second = spawn_worker("second").wait_ready()
+    wait_until(lambda: status_of(run) == "completed", message="the run to resume and complete")
+    return second
+
+
 def test_a_worker_killed_while_its_run_sleeps_loses_nothing(spawn_worker, tmp_path):
     for label in ("before", "after"):
         opened(tmp_path, label)
     run = schedule(workflows.gated_sleeper, str(tmp_path), 2.0)
-    first = spawn_worker("sleeps-first").wait_ready()
-    wait_until(
-        lambda: (
-            Step.objects.filter(workflow_id=run.id, name="everystep.sleep").exists()
-            and status_of(run) == "scheduled"
-        ),
-        message="the run to record its sleep and leave the worker",
+    second = killed_while_off_its_worker(
+        spawn_worker,
+        run,
+        Step.objects.filter(workflow_id=run.id, name="everystep.sleep"),
+        "the run to record its sleep and leave the worker",
     )
-    first.send(signal.SIGKILL)
-    first.wait()
-
-    second = spawn_worker("wakes-it").wait_ready()
-    wait_until(lambda: status_of(run) == "completed", message="the run to wake and complete")
     assert (passes(tmp_path, "before"), passes(tmp_path, "after")) == (1, 1)
     wake_at = Step.objects.get(workflow_id=run.id, name="everystep.sleep").result
     assert Workflow.objects.get(id=run.id).completed_at >= wake_at
@@ -54,19 +63,12 @@ def test_a_worker_killed_while_its_run_sleeps_loses_nothing(spawn_worker, tmp_pa
 
 def test_a_worker_killed_while_a_step_waits_for_its_retry_loses_nothing(spawn_worker, tmp_path):
     run = schedule(workflows.retried_across_workers, str(tmp_path))
-    first = spawn_worker("fails-first").wait_ready()
-    wait_until(
-        lambda: (
-            Step.objects.filter(workflow_id=run.id, status="retrying").exists()
-            and status_of(run) == "scheduled"
-        ),
-        message="the step to wait for its retry, the run off the worker",
+    second = killed_while_off_its_worker(
+        spawn_worker,
+        run,
+        Step.objects.filter(workflow_id=run.id, status="retrying"),
+        "the step to wait for its retry, the run off the worker",
     )
-    first.send(signal.SIGKILL)
-    first.wait()
-
-    second = spawn_worker("retries-it").wait_ready()
-    wait_until(lambda: status_of(run) == "completed", message="the retry to run and complete")
     assert (tmp_path / "calls").read_text() == "xx"
     step = Step.objects.get(workflow_id=run.id)
     assert (step.status, step.attempts, step.result) == ("done", 2, 2)
