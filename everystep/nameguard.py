@@ -117,6 +117,7 @@ class NameGuard:
             connections.close_all()  # this thread's own, used by a file lock's heartbeat
 
     def _check(self, reconnect):
+        began_in = transient.outage.generation  # on a connection no older: see _run
         try:
             if not self.lock.ensure(reconnect=reconnect):
                 return False
@@ -126,7 +127,7 @@ class NameGuard:
             return False
         except Exception as exc:  # noqa: BLE001 - the database is away; try again soon
             if transient.is_transient(exc):
-                transient.outage.failed("checking the name lock", exc)
+                transient.outage.failed("checking the name lock", exc, began_in)
             return False
         return True
 

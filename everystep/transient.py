@@ -115,11 +115,13 @@ def is_configuration_error(exc):
 class _Outage:
     """Whether this process sees the database as unreachable, and since when.
 
-    `generation` counts the outages: a connection opened before the latest
+    `generation` counts the outages. A connection opened before the latest
     one may have been cut off without a word (a failed-over host, a hung
     proxy), so its holder replaces it before using it again instead of
-    waiting out the deadline on it. Such a connection that fails after the
-    outage ended is the outage's tail, not a new one.
+    waiting out the deadline on it. An operation that began before the
+    latest outage (`generation_of`) and fails after it ended is the outage's
+    tail, not a new one — even when its failure's cleanup reconnected, as
+    Django does when it leaves a transaction whose connection broke.
     """
 
     def __init__(self):
@@ -127,16 +129,15 @@ class _Outage:
         self.generation = 0
         self._lock = threading.Lock()
 
-    def failed(self, what, exc, wrapper=None):
-        """The connection `wrapper` (a Django connection) failed with `exc`.
-        Contention (`is_contention`) is no outage, and neither is a
-        connection opened before the latest outage: it was cut off then."""
+    def failed(self, what, exc, began_in=None):
+        """An operation that began in outage generation `began_in`
+        (`generation_of`; None when unknown) failed with `exc`. Contention
+        (`is_contention`) is no outage, and neither is an operation that
+        began before the latest outage: that outage cut it off."""
         if is_contention(exc):
             return
-        note = sessions.noted(wrapper)
-        opened_in = note.outage_generation if note is not None else None
         with self._lock:
-            if self.since is not None or (opened_in is not None and opened_in < self.generation):
+            if self.since is not None or (began_in is not None and began_in < self.generation):
                 return
             self.since = time.monotonic()
             self.generation += 1
@@ -152,6 +153,16 @@ class _Outage:
 
 
 outage = _Outage()
+
+
+def generation_of(wrapper):
+    """The outage generation of an operation starting now on `wrapper` (a
+    Django connection): that of the connection it holds, or the current one
+    when it will open a fresh connection."""
+    note = sessions.noted(wrapper)
+    if wrapper.connection is not None and note is not None and note.outage_generation is not None:
+        return note.outage_generation
+    return outage.generation
 
 
 def replace_if_outage(seen):
@@ -203,8 +214,10 @@ def retrying(operation, *, what, should_stop=None, fatal=None):
     delays = backoff_delays()
     attempt = 1
     while True:
+        wrapper = connections[DEFAULT_DB_ALIAS]
+        began_in = generation_of(wrapper)
         try:
-            with deadline.guard(connections[DEFAULT_DB_ALIAS], what):
+            with deadline.guard(wrapper, what):
                 result = operation(attempt)
         except Exception as exc:
             if (
@@ -213,7 +226,7 @@ def retrying(operation, *, what, should_stop=None, fatal=None):
                 or (should_stop is not None and should_stop())
             ):
                 raise
-            outage.failed(what, exc, connections[DEFAULT_DB_ALIAS])
+            outage.failed(what, exc, began_in)
             delay = next(delays)
             events.announce(
                 "db_retry", what=what, attempt=attempt, delay=delay, error=one_line(exc)

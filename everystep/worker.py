@@ -255,10 +255,11 @@ class Worker:
         self._schedule_ticks()  # a full pool still lets a tick's run wait its turn
         if self._pool.capacity <= 0:
             return self.poll  # full: nothing to claim, and nothing learnt of the database
+        began_in = transient.generation_of(connections[DEFAULT_DB_ALIAS])
         try:
             claimed, took_back = self._claim()
         except Exception as exc:  # noqa: BLE001 - told apart in _loop_failed
-            return self._loop_failed(exc)
+            return self._loop_failed(exc, began_in)
         self._delays = None
         transient.outage.succeeded()
         if claimed:
@@ -362,12 +363,13 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - only the workers list shows it
             transient.drop_after(exc)
 
-    def _loop_failed(self, exc):
-        """A turn failed: an outage (announced once) or a bug (logged with its
-        traceback, rate-limited). A claim whose reply was lost may have
-        committed, so the next turn takes back this name's parked runs."""
+    def _loop_failed(self, exc, began_in):
+        """A turn's claim, begun in outage generation `began_in`, failed: an
+        outage (announced once) or a bug (logged with its traceback,
+        rate-limited). A claim whose reply was lost may have committed, so
+        the next turn takes back this name's parked runs."""
         if transient.is_transient(exc):
-            transient.outage.failed("claiming runs", exc, connections[DEFAULT_DB_ALIAS])
+            transient.outage.failed("claiming runs", exc, began_in)
         else:
             self._log_loop_error(exc)
         self._take_back = True
