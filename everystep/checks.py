@@ -68,6 +68,12 @@ def _databases(engine):
             yield alias, settings.get("OPTIONS", {})
 
 
+def _settings_hint(snippet, alias):
+    """A hint to set `snippet` (settings written for the "default" database)
+    on the database `alias`."""
+    return f"set {snippet}".replace('"default"', repr(alias))
+
+
 @checks.register("everystep")
 def check_sqlite(app_configs=None, **kwargs):
     findings = []
@@ -81,7 +87,7 @@ def check_sqlite(app_configs=None, **kwargs):
                 checks.Warning(
                     f"database {alias!r} is SQLite without {missing}: a worker and a web "
                     f"process will fail each other with 'database is locked'",
-                    hint=f"set {SQLITE_OPTIONS}".replace('"default"', repr(alias)),
+                    hint=_settings_hint(SQLITE_OPTIONS, alias),
                     id="everystep.W002",
                 )
             )
@@ -97,7 +103,7 @@ def check_postgres(app_configs=None, **kwargs):
                 checks.Info(
                     f"database {alias!r} is PostgreSQL without server-side binding and "
                     f"prepared statements: each of a step's writes is parsed and planned again",
-                    hint=f"set {POSTGRES_OPTIONS}".replace('"default"', repr(alias)),
+                    hint=_settings_hint(POSTGRES_OPTIONS, alias),
                     id="everystep.I001",
                 )
             )

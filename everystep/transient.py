@@ -160,7 +160,7 @@ def generation_of(wrapper):
     Django connection): that of the connection it holds, or the current one
     when it will open a fresh connection."""
     note = sessions.noted(wrapper)
-    if wrapper.connection is not None and note is not None and note.outage_generation is not None:
+    if wrapper.connection is not None and note is not None:
         return note.outage_generation
     return outage.generation
 
