@@ -23,7 +23,8 @@ from django.db import connection, transaction
 from bench import workflows
 from bench.common import median
 from bench.db import Dialect, analyze
-from everystep import schedule, store
+from everystep import schedule
+from everystep.db import store
 from everystep.models import Workflow
 
 CHUNK = 100_000

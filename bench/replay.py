@@ -15,7 +15,9 @@ from django.db import connection
 
 from bench import workflows
 from bench.common import RoundTrips, median
-from everystep import runner, schedule, store
+from everystep import schedule
+from everystep.db import store
+from everystep.engine import runner
 from everystep.models import Workflow
 
 

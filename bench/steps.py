@@ -19,8 +19,8 @@ step statement parsed and planned anew each time costs more than a
 prepared one.
 
 The cost of observability: what a recorded step's own announcements cost
-with the metrics subscribed (`everystep.metrics`, as every worker has them),
-with the spans too (`everystep.tracing`) on OpenTelemetry's no-op tracer,
+with the metrics subscribed (`everystep.observe.metrics`, as every worker has them),
+with the spans too (`everystep.observe.tracing`) on OpenTelemetry's no-op tracer,
 and on the SDK exporting in batches, less their cost with nothing
 subscribed; shown as a share of the recorded step's time.
 
@@ -41,7 +41,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from bench import workflows
 from bench.common import RoundTrips, median
 from bench.limits import PhysicalLimit
-from everystep import events, metrics, runner, schedule, store, tracing
+from everystep import schedule
+from everystep.core import events
+from everystep.db import store
+from everystep.engine import runner
+from everystep.observe import metrics, tracing
 
 
 def transaction_id():

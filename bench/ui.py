@@ -45,8 +45,9 @@ from django.utils import timezone
 
 from bench.common import RoundTrips, median, percentile
 from bench.db import Dialect, analyze
-from everystep import graph, parallel, step, workflow
+from everystep import parallel, step, workflow
 from everystep.models import Step, Worker, Workflow
+from everystep.ui import graph
 
 # The project the UI is mounted in: ROOT_URLCONF points here.
 urlpatterns = [path("everystep/", include("everystep.urls"))]

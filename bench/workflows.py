@@ -5,7 +5,8 @@ import os
 import socket
 import time
 
-from everystep import context, step, workflow
+from everystep import step, workflow
+from everystep.engine import context
 
 #: ``host:port`` of the pickup probe's UDP socket (see `bench.pickup`).
 PROBE_ADDRESS = "BENCH_PROBE_ADDRESS"

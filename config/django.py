@@ -69,7 +69,7 @@ def logging_config(env):
             "rename_fields": {"levelname": "level", "name": "logger"},
         }
     else:
-        formatter = {"()": "everystep.logs.TextFormatter"}
+        formatter = {"()": "everystep.observe.logs.TextFormatter"}
     return {
         "version": 1,
         "disable_existing_loggers": False,

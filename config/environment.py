@@ -12,7 +12,7 @@ import environ
 from everystep_config.database import DatabaseURLError, database_settings, url_secrets
 from everystep_config.worker import worker_variables
 
-from everystep import options
+from everystep.worker import options
 
 DEFAULT_DATABASE_URL = "sqlite:///everystep.sqlite3"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -182,7 +182,7 @@ def load(environ_mapping):
 
 def load_worker(environ_mapping):
     """The worker's options as the environment sets them (their variables are
-    defined with the options, in `everystep.options`); `ConfigError` on a bad
+    defined with the options, in `everystep.worker.options`); `ConfigError` on a bad
     value."""
     try:
         return options.resolve({}, worker_variables(environ_mapping))

@@ -1,11 +1,11 @@
 """The worker's environment: the variables of its options (``EVERYSTEP_POOL``,
-``EVERYSTEP_POLL`` … as `everystep.options` defines them) and its default
+``EVERYSTEP_POLL`` … as `everystep.worker.options` defines them) and its default
 name, for both ``manage.py everystep_worker`` and ``everystep worker``."""
 
 import re
 import socket
 
-from everystep.options import OPTIONS
+from everystep.worker.options import OPTIONS
 
 # Kubernetes' alphabet for generated names: no vowels, no look-alikes.
 _KUBERNETES = "[bcdfghjklmnpqrstvwxz2456789]"

@@ -29,57 +29,33 @@ _NAMES = {
     "schedule": "everystep.api",
     "aschedule": "everystep.api",
     "sleep": "everystep.api",
-    "cancel": "everystep.control",
-    "retry": "everystep.control",
+    "cancel": "everystep.control.actions",
+    "retry": "everystep.control.actions",
     "Terminal": "everystep.errors",
 }
-_SUBMODULES = {
-    "api",
-    "attempts",
-    "checks",
-    "clock",
-    "command_names",
-    "context",
-    "control",
-    "cron",
-    "deadline",
-    "endpoint",
-    "errors",
-    "events",
-    "logs",
-    "metrics",
-    "models",
-    "nameguard",
-    "namelock",
-    "notify",
-    "operations",
-    "options",
-    "pool",
-    "recovery",
-    "registry",
-    "reporting",
-    "transient",
-    "runner",
-    "schema",
-    "serde",
-    "sessions",
-    "shutdown",
-    "store",
-    "testing",
-    "timeouts",
-    "tracing",
-    "views",
-    "worker",
+# The modules a user reaches by name: ``everystep.context.current()``,
+# ``everystep.serde``, the test hook ``everystep.runner.fault``. Each lives
+# in the part of the package that holds its subject.
+_MODULES = {
+    "api": "everystep.api",
+    "errors": "everystep.errors",
+    "testing": "everystep.testing",
+    "models": "everystep.models",
+    "views": "everystep.views",
+    "worker": "everystep.worker",
+    "context": "everystep.engine.context",
+    "runner": "everystep.engine.runner",
+    "serde": "everystep.core.serde",
 }
 
-__all__ = [*_NAMES, *sorted(_SUBMODULES)]
+__all__ = [*_NAMES, *_MODULES]
 
 
 def __getattr__(name):
     if name in _NAMES:
         return getattr(importlib.import_module(_NAMES[name]), name)
-    if name in _SUBMODULES:
-        return importlib.import_module(f"everystep.{name}")
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     raise AttributeError(f"module 'everystep' has no attribute {name!r}")
 
 

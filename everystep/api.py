@@ -1,7 +1,7 @@
 """The public surface: `workflow`, `step`, `parallel`, `schedule`, `sleep`.
 
 Outside a running workflow every decorated function is a plain function;
-inside one, step calls are recorded and replayed by `everystep.runner`.
+inside one, step calls are recorded and replayed by `everystep.engine.runner`.
 This module imports no Django, so ``import everystep`` stays cheap.
 """
 
@@ -11,7 +11,8 @@ import sys
 import threading
 import time
 
-from everystep import attempts, clock, context, events, registry
+from everystep.core import clock, events, registry, retry_policy
+from everystep.engine import context
 from everystep.errors import Cancelled, ClaimLost, EngineSignal, EverystepError, Terminal
 
 
@@ -22,7 +23,7 @@ def workflow(func=None, *, cron=None, timezone="UTC", **options):
     Called directly, it runs as a plain function. `schedule()` it to run it
     durably on a worker. With `cron`, the workers also run it, with no
     arguments, once per tick of the expression read in `timezone`
-    (`everystep.cron`). A bad expression or zone raises `EverystepError`
+    (`everystep.core.cron`). A bad expression or zone raises `EverystepError`
     naming the workflow, when the module is imported.
     """
     if options:
@@ -35,7 +36,7 @@ def workflow(func=None, *, cron=None, timezone="UTC", **options):
         return functools.partial(workflow, cron=cron, timezone=timezone)
     schedule = None
     if cron is not None:
-        from everystep import cron as cron_schedules
+        from everystep.core import cron as cron_schedules
 
         name = registry.qualified_name(func)
         schedule = cron_schedules.schedule_for(func, name, cron, timezone)
@@ -73,7 +74,7 @@ def step(
     raises `EverystepError` before anything runs: its record would ride the
     body's transaction and vanish with it.
     """
-    retry_policy = attempts.policy(retries, backoff, max_backoff, retry_on)
+    policy = retry_policy.policy(retries, backoff, max_backoff, retry_on)
     if func is None:
         return functools.partial(
             step,
@@ -91,13 +92,13 @@ def step(
         ctx = context.current()
         if ctx is None or not ctx.recording:
             return func(*args, **kwargs)
-        from everystep import runner
+        from everystep.engine import runner
 
         runner.refuse_inside_transaction("a step")
 
         step_id = ctx.next_step_id(everystep_id)
         return runner.run_step(
-            ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, retry_policy
+            ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, policy
         )
 
     recorded.__everystep_step__ = name
@@ -122,7 +123,7 @@ def parallel(*branches, everystep_id=None):
     recording = parent is not None and parent.recording
     fork_id = None
     if recording:
-        from everystep import runner
+        from everystep.engine import runner
 
         runner.refuse_inside_transaction("parallel()")
         fork_id = parent.next_step_id(everystep_id)
@@ -197,7 +198,9 @@ def schedule(workflow_func, *args, idempotency_key=None, run_at=None, delay=None
     ):
         raise EverystepError("idempotency_key must be a non-empty string of at most 255 characters")
     due = clock.due_time(run_at, delay)
-    from everystep import serde, store, tracing
+    from everystep.core import serde
+    from everystep.db import store
+    from everystep.observe import tracing
 
     serde.to_json(list(args))  # refuse bad arguments before touching the database
     return store.insert_run(name, list(args), idempotency_key, tracing.current_context(), due)
@@ -228,7 +231,7 @@ def sleep(duration, everystep_id=None):
     if ctx is None or not ctx.recording:
         time.sleep(seconds)
         return
-    from everystep import runner
+    from everystep.engine import runner
 
     runner.refuse_inside_transaction("sleep()")
     runner.sleep(ctx, ctx.next_step_id(everystep_id), seconds)

@@ -11,8 +11,8 @@ class EverystepConfig(AppConfig):
     When ready it imports every installed app's ``workflows`` module and the
     modules listed in the ``EVERYSTEP_WORKFLOWS`` setting, so that a worker
     knows every ``@workflow`` it may be asked to run, tunes each new
-    MySQL/MariaDB connection's socket (`everystep.timeouts`) and notes each
-    new connection's server session (`everystep.sessions`).
+    MySQL/MariaDB connection's socket (`everystep.resilience.timeouts`) and notes each
+    new connection's server session (`everystep.resilience.sessions`).
     """
 
     name = "everystep"
@@ -27,7 +27,8 @@ class EverystepConfig(AppConfig):
         from django.db.backends.signals import connection_created
         from django.utils.module_loading import autodiscover_modules
 
-        from everystep import checks, sessions, timeouts  # noqa: F401 - registers the checks
+        from everystep import checks  # noqa: F401 - registers the checks
+        from everystep.resilience import sessions, timeouts
 
         receivers = (
             timeouts.on_connection_created,

@@ -33,7 +33,7 @@ POSTGRES_OPTIONS = (
 def check_workflows(app_configs=None, **kwargs):
     from django.apps import apps
 
-    from everystep import registry
+    from everystep.core import registry
 
     config = apps.get_app_config("everystep")
     if config.import_error is not None:

@@ -75,7 +75,7 @@ class EffectUncertain(EngineSignal):
         self.step_id = step_id
 
     def __str__(self):
-        from everystep.command_names import command
+        from everystep.core.command_names import command
 
         return (
             f"step {self.step_id} of run {self.workflow_id} started and may have taken "
@@ -118,7 +118,7 @@ class Cancelled(EngineSignal):
 
 
 class SimulatedCrash(EngineSignal):
-    """Raised by a test's `everystep.runner.fault` hook: the run is left exactly
+    """Raised by a test's `everystep.engine.runner.fault` hook: the run is left exactly
     as a process death at that instant would leave it."""
 
 

@@ -1,15 +1,15 @@
 """The two tables everystep keeps: one row per run, one row per recorded step.
 
-Both hold arguments and results in the JSON encoding of `everystep.serde`,
+Both hold arguments and results in the JSON encoding of `everystep.core.serde`,
 read back decoded. A run's ``claim_token`` changes with every claim: the
-runner's writes are fenced on it (see `everystep.store`).
+runner's writes are fenced on it (see `everystep.db.store`).
 """
 
 import uuid6
 from django.db import models
 from django.utils import timezone
 
-from everystep import serde
+from everystep.core import serde
 
 
 class EncodedJSONField(models.JSONField):
@@ -54,7 +54,7 @@ class Workflow(models.Model):
     run_at = models.DateTimeField(default=timezone.now)
     claimed_at = models.DateTimeField(null=True, blank=True)
     #: When a cancel was asked of the run while it ran: its runner cancels
-    #: it at the next step boundary (`everystep.control.cancel`).
+    #: it at the next step boundary (`everystep.control.actions.cancel`).
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
     #: The W3C trace context of the code that scheduled the run (§11), so

@@ -27,7 +27,9 @@ import datetime
 
 from django.db import connections
 
-from everystep import clock, context, registry, runner, store
+from everystep.core import clock, registry
+from everystep.db import store
+from everystep.engine import context, runner
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import Workflow
 

@@ -1,7 +1,7 @@
 """Views to mount in a Django project.
 
 ``path("everystep/metrics", everystep.views.metrics_view)`` serves the
-Prometheus metrics of the process (`everystep.metrics`): an embedded
+Prometheus metrics of the process (`everystep.observe.metrics`): an embedded
 worker's counters, and the queue gauges read from the database.
 """
 
@@ -9,7 +9,7 @@ from django.db import transaction
 from django.http import HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from everystep import metrics
+from everystep.observe import metrics
 
 
 @transaction.non_atomic_requests

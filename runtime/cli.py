@@ -16,8 +16,9 @@ import traceback
 from everystep_runtime.errors import Failure, UsageError
 from everystep_runtime.interpreter import mismatch
 
-from everystep import clock, options
+from everystep.core import clock
 from everystep.errors import EverystepError
+from everystep.worker import options
 
 MAX_LIMIT = 10_000  # rows `runs` lists at most
 

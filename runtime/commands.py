@@ -19,8 +19,8 @@ UI_THREADS = 16
 
 def worker(env, args):
     """Run the `everystep_worker` management command: the same options, each
-    flag over its environment variable (`everystep.options`)."""
-    from everystep import options
+    flag over its environment variable (`everystep.worker.options`)."""
+    from everystep.worker import options
 
     _migrate_sqlite()  # a server database's migrations the worker checks (or waits for)
     flags = {option.field: getattr(args, option.field) for option in options.OPTIONS}
@@ -34,8 +34,8 @@ def migrate(env, args):
 
 
 def schedule(env, args):
-    from everystep import registry
     from everystep import schedule as schedule_run
+    from everystep.core import registry
     from everystep.errors import EverystepError
 
     try:
@@ -59,7 +59,7 @@ def schedule(env, args):
 def runs(env, args):
     """The newest runs first, filtered as the UI's runs page filters them;
     ``--json`` prints the runs as its API gives them."""
-    from everystep import operations
+    from everystep.db import operations
     from everystep.errors import EverystepError
 
     if args.workflow and "." not in args.workflow:
@@ -92,7 +92,7 @@ def _since(text):
     filters read one, or a duration back from now (``90m``, ``2h``)."""
     import datetime
 
-    from everystep import clock
+    from everystep.core import clock
     from everystep.errors import EverystepError
     from everystep.ui import filters
 
@@ -110,7 +110,7 @@ def _since(text):
 
 
 def show(env, args):
-    from everystep import operations
+    from everystep.db import operations
     from everystep.errors import EverystepError
 
     try:
@@ -230,7 +230,8 @@ def check(env, args):
     from everystep_config.database import masked_url
     from everystep_config.environment import load_worker
 
-    from everystep import registry, schema
+    from everystep.core import registry
+    from everystep.db import schema
 
     problems = []
     print(f"database:   {masked_url(env.effective_database_url)}")
@@ -301,7 +302,7 @@ def _settings_secrets():
 def _print_unclaimable():
     """Say which scheduled runs no live worker can claim: their workflow is in
     no live worker's process (a deploy in progress, a module missing)."""
-    from everystep import operations
+    from everystep.db import operations
 
     for name, count in sorted(operations.unclaimable().items()):
         print(f"waiting:    {count} scheduled run(s) of {name}: no live worker has this workflow")
@@ -317,7 +318,7 @@ def _migrate_sqlite():
 
     from django.db import connection
 
-    from everystep import schema
+    from everystep.db import schema
 
     if connection.vendor != "sqlite":
         return
@@ -334,7 +335,7 @@ def _migrate_sqlite():
 def _migrate_or_refuse():
     """SQLite is migrated on the spot; a server database must be migrated by
     the operator first."""
-    from everystep import schema
+    from everystep.db import schema
     from everystep.errors import ConfigurationError
 
     _migrate_sqlite()
@@ -378,7 +379,7 @@ def _argument_text(text, index):
 
 def _read(file, source, index):
     """The text of `file`, up to the most a stored record can hold."""
-    from everystep.serde import MAX_RECORD_BYTES
+    from everystep.core.serde import MAX_RECORD_BYTES
 
     data = file.read(MAX_RECORD_BYTES + 1)
     if len(data) > MAX_RECORD_BYTES:
@@ -412,12 +413,12 @@ def _excerpt(text, length=60):
 
 
 def _plain_json(value):
-    from everystep.serde import readable_json
+    from everystep.core.serde import readable_json
 
     return readable_json(value)
 
 
 def _print_json(value):
-    from everystep.serde import readable_json
+    from everystep.core.serde import readable_json
 
     print(readable_json(value, indent=2))

@@ -51,7 +51,7 @@ def configure(env, command):
         django.setup()
         from django.apps import apps
 
-        from everystep import command_names
+        from everystep.core import command_names
 
         command_names.use_standalone_names()
         import_error = apps.get_app_config("everystep").import_error

@@ -15,7 +15,7 @@ from tests.zipapp import pyz  # noqa: F401
 @pytest.fixture(autouse=True)
 def _fresh_state():
     """Every test starts with no fault hook and zeroed call counters."""
-    from everystep import runner
+    from everystep.engine import runner
 
     workflows.calls.clear()
     runner.fault = None
@@ -45,7 +45,7 @@ def moved_clock():
             self.moment += datetime.timedelta(seconds=seconds)
 
     stopped = Clock()
-    from everystep import clock
+    from everystep.core import clock
 
     clock.override = stopped
     yield stopped

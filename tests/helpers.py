@@ -10,7 +10,7 @@ WORKER = "tests"
 
 def claim_one(worker=WORKER, *, parked=False):
     """Claim exactly one run (the test's) and return it."""
-    from everystep import store
+    from everystep.db import store
 
     claimed = store.claim(worker, 1, only_parked=parked)
     assert len(claimed) == 1, f"expected one run to claim, got {claimed}"
@@ -19,7 +19,7 @@ def claim_one(worker=WORKER, *, parked=False):
 
 def attempt(*, parked=False):
     """Claim the test's run and execute one attempt of it; return the status."""
-    from everystep import runner
+    from everystep.engine import runner
 
     return runner.execute(claim_one(parked=parked))
 
@@ -57,7 +57,8 @@ def crash_at(step_id, workflow=None):
 
 def blocked_payment(calls):
     """A run of `pay` whose unsafe charge ran but was never recorded: blocked."""
-    from everystep import runner, schedule
+    from everystep import schedule
+    from everystep.engine import runner
     from everystep.models import Workflow
     from tests import workflows
 
@@ -79,7 +80,7 @@ def lost_worker(name):
 
     from django.utils import timezone
 
-    from everystep import store
+    from everystep.db import store
     from everystep.models import Worker
 
     store.worker_started(name, 4, ["tests.workflows.quick"])

@@ -14,7 +14,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from everystep import cancel, retry, schedule, store
+from everystep import cancel, retry, schedule
+from everystep.db import store
 from everystep.errors import EverystepError
 from everystep.models import Step, Workflow
 from tests import workflows

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from everystep import store
+from everystep.db import store
 from everystep.models import Workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)

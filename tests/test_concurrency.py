@@ -5,7 +5,9 @@ import concurrent.futures
 import pytest
 from django.db import connections
 
-from everystep import runner, schedule, store
+from everystep import schedule
+from everystep.db import store
+from everystep.engine import runner
 from everystep.models import Workflow
 from tests import workflows
 

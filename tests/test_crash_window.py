@@ -6,10 +6,12 @@ import io
 import pytest
 from django.core.management import CommandError, call_command
 
-from everystep import runner, schedule, serde
+from everystep import schedule
+from everystep.control.resolve import resolve_step
+from everystep.core import serde
+from everystep.engine import runner
 from everystep.errors import EffectUncertain, EverystepError
 from everystep.models import Step, Workflow
-from everystep.recovery import resolve_step
 from tests import workflows
 from tests.helpers import WORKER, attempt, blocked_payment, crash_at
 

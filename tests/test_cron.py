@@ -13,7 +13,9 @@ import sys
 import pytest
 from django.core.management import call_command
 
-from everystep import cron, registry, store, workflow
+from everystep import workflow
+from everystep.core import cron, registry
+from everystep.db import store
 from everystep.errors import EverystepError
 from everystep.models import Workflow
 from tests.helpers import wait_until
@@ -93,7 +95,7 @@ def test_a_cron_expression_is_read_in_its_time_zone(cron_workflows):
 
 
 def test_a_worker_runs_each_tick_once_as_the_clock_moves(cron_workflows, embedded_worker, calls):
-    from everystep import clock
+    from everystep.core import clock
 
     moment = [datetime.datetime(2026, 12, 4, 10, 1, tzinfo=UTC)]
     clock.override = lambda: moment[0]
@@ -144,7 +146,7 @@ def test_a_cron_workflow_takes_no_arguments():
 
 
 def test_schedules_lists_each_cron_workflow_with_its_next_tick(cron_workflows):
-    from everystep import clock
+    from everystep.core import clock
 
     clock.override = at(datetime.datetime(2026, 12, 4, 10, 7, tzinfo=UTC))
     try:

@@ -1,7 +1,7 @@
 """Time (§13): a delayed start and a durable sleep, both one "not before"
 rule on the run (``run_at``) that the claim obeys.
 
-The engine's clock (`everystep.clock`) is moved by the tests instead of
+The engine's clock (`everystep.core.clock`) is moved by the tests instead of
 waiting; the tests with a real worker use short real delays and wait on
 the run's state with a deadline.
 """
@@ -12,7 +12,8 @@ import uuid
 
 import pytest
 
-from everystep import schedule, store
+from everystep import schedule
+from everystep.db import store
 from everystep.errors import EverystepError, WorkflowCodeError
 from everystep.models import Step, Worker, Workflow
 from tests import workflows

@@ -3,8 +3,8 @@ id the engine records for it (§2), or says why the body has no fixed shape."""
 
 import pytest
 
-from everystep.graph import graph
 from everystep.models import Step
+from everystep.ui.graph import graph
 from tests import workflows
 from tests.helpers import run_to_end
 

@@ -13,8 +13,10 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 
-from everystep import metrics, schedule, store
+from everystep import schedule
+from everystep.db import store
 from everystep.models import Workflow
+from everystep.observe import metrics
 from tests import workflows
 from tests.helpers import database_url, statuses, wait_until
 from tests.prometheus import PrometheusServer, prometheus_server  # noqa: F401

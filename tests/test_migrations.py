@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from everystep import store
+from everystep.db import store
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,7 +7,8 @@ import os
 import pytest
 from django.utils import timezone
 
-from everystep import operations, schedule
+from everystep import schedule
+from everystep.db import operations
 from everystep.errors import EverystepError
 from everystep.models import Worker, Workflow
 from tests import workflows

@@ -6,7 +6,8 @@ import threading
 import pytest
 from django.db import InterfaceError, connection, connections, transaction
 
-from everystep import deadline, events, sessions, transient
+from everystep.core import events
+from everystep.resilience import deadline, sessions, transient
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -4,7 +4,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from everystep import runner, schedule, step, store, workflow
+from everystep import schedule, step, workflow
+from everystep.db import store
+from everystep.engine import runner
 from everystep.errors import StepFailure
 from everystep.models import Step, Workflow
 from tests import workflows
@@ -83,7 +85,7 @@ def test_an_exception_class_that_is_gone_replays_as_step_failure():
 
 
 def test_the_body_failing_fails_the_run_with_its_encoded_exception():
-    from everystep import serde
+    from everystep.core import serde
 
     run = run_to_end(workflows.failing_body)
     assert run.status == Workflow.Status.FAILED

@@ -147,7 +147,7 @@ def test_requeue_refuses_a_run_that_is_not_running_naming_its_status_and_changes
 
 
 def test_runs_filters_as_the_ui_does_and_its_json_is_the_apis(everystep):
-    from everystep.serde import readable_json
+    from everystep.core.serde import readable_json
     from everystep.ui import snapshots
 
     quick = Workflow.objects.create(name="tests.workflows.quick", args=[1], status="completed")

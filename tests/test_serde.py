@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from everystep import schedule, serde
+from everystep import schedule
+from everystep.core import serde
 from everystep.errors import EverystepError, StepFailure, Terminal
 from everystep.models import Workflow
 from tests import workflows
@@ -101,7 +102,8 @@ def test_args_step_results_and_workflow_results_come_back_typed_from_the_store(v
 
 @pytest.mark.django_db(transaction=True)
 def test_outcomes_hold_decoded_values_on_replay():
-    from everystep import context, runner, step, workflow
+    from everystep import step, workflow
+    from everystep.engine import context, runner
     from tests.helpers import attempt, crash_at
 
     seen = {}
@@ -216,7 +218,7 @@ def test_an_outcome_over_the_servers_max_allowed_packet_fails_the_run_with_a_cle
 
     from django.db import connection
 
-    from everystep import runner
+    from everystep.engine import runner
     from tests.helpers import claim_one
 
     with connection.cursor() as cursor:

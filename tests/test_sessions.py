@@ -5,7 +5,7 @@ cannot name someone else's session."""
 import pytest
 from django.db import connection, connections
 
-from everystep import sessions
+from everystep.resilience import sessions
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backends("postgres", "mariadb")]

@@ -2,7 +2,8 @@
 
 import pytest
 
-from everystep import context, parallel, step, workflow
+from everystep import parallel, step, workflow
+from everystep.engine import context
 from everystep.errors import EverystepError
 from everystep.models import Workflow
 from tests import workflows

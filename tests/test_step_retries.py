@@ -9,7 +9,9 @@ import uuid
 
 import pytest
 
-from everystep import attempts, runner, schedule, step
+from everystep import schedule, step
+from everystep.core import retry_policy
+from everystep.engine import runner
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import Step, Workflow
 from tests import workflows
@@ -163,7 +165,7 @@ def test_bad_retry_options_are_refused_when_the_step_is_decorated(options, messa
 
 
 def test_the_waits_double_are_capped_and_jittered_down_by_at_most_a_half():
-    policy = attempts.policy(retries=10, backoff=2, max_backoff=20)
+    policy = retry_policy.policy(retries=10, backoff=2, max_backoff=20)
     for attempt_number, full in [(1, 2), (2, 4), (3, 8), (4, 16), (5, 20), (9, 20)]:
         waits = [policy.wait(attempt_number) for _ in range(200)]
         assert all(full / 2 <= wait <= full for wait in waits)

@@ -3,7 +3,9 @@ run inside the body's own transaction (§10)."""
 
 import pytest
 
-from everystep import runner, schedule, serde
+from everystep import schedule
+from everystep.core import serde
+from everystep.engine import runner
 from everystep.errors import EverystepError
 from everystep.models import Workflow
 from tests import workflows

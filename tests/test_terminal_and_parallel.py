@@ -2,7 +2,7 @@
 
 import pytest
 
-from everystep import serde
+from everystep.core import serde
 from everystep.errors import Terminal
 from everystep.models import Workflow
 from tests import workflows

@@ -11,7 +11,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from everystep import runner, schedule, tracing
+from everystep import schedule
+from everystep.engine import runner
+from everystep.observe import tracing
 from tests import workflows
 from tests.helpers import attempt, crash_at, statuses, wait_until
 from tests.zipapp import run_pyz, workflow_environment

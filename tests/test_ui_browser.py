@@ -71,7 +71,7 @@ def test_every_page_renders_and_is_kept_as_a_screenshot(operator, live_server, c
     schedule(workflows.echo_values, "waiting", idempotency_key="order-42")
     lost_worker("worker-gone")
     park(workflows.quick, 7, worker="worker-gone")
-    from everystep import store
+    from everystep.db import store
 
     store.worker_started("worker-1", 4, ["tests.workflows.quick"])
 

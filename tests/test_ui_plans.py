@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from everystep import operations
+from everystep.db import operations
 from everystep.models import Workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -330,7 +330,7 @@ def test_requeueing_a_lost_workers_runs_puts_them_back_to_scheduled(operator, ca
 
 def test_requeueing_is_refused_while_the_worker_holds_its_name(operator):
     """Lost by its heartbeat, but alive: it still holds its name lock."""
-    from everystep.namelock import name_lock
+    from everystep.db.namelock import name_lock
 
     lost_worker("w-alive")
     parked = park(workflows.quick, 1, worker="w-alive")
@@ -349,7 +349,7 @@ def test_requeueing_is_refused_while_the_worker_holds_its_name(operator):
 
 
 def test_the_workers_page_and_api_show_the_runs_each_holds(viewer):
-    from everystep import store
+    from everystep.db import store
 
     store.worker_started("w-9", 4, ["tests.workflows.quick"])
     parked = park(workflows.quick, 1, worker="w-9")
@@ -449,7 +449,7 @@ def test_a_workers_age_alone_does_not_make_the_stream_send_them_again():
 
     from django.utils import timezone
 
-    from everystep import store
+    from everystep.db import store
     from everystep.ui import snapshots
 
     store.worker_started("w-steady", 4, ["tests.workflows.quick"])

@@ -11,8 +11,10 @@ import time
 import pytest
 from django.db import InterfaceError, OperationalError, connection, connections
 
-from everystep import deadline, schedule, store, timeouts, transient
+from everystep import schedule
+from everystep.db import store
 from everystep.models import Workflow
+from everystep.resilience import deadline, timeouts, transient
 from tests import workflows
 from tests.helpers import database_url, park, statuses, wait_until
 from tests.workerproc import manage_py_environment, stop_embedded, timed_wait

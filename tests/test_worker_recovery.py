@@ -5,7 +5,9 @@ import signal
 
 import pytest
 
-from everystep import runner, schedule, store
+from everystep import schedule
+from everystep.db import store
+from everystep.engine import runner
 from everystep.models import Workflow
 from tests import workflows
 from tests.helpers import crash_at, sentry_events, wait_until

@@ -126,7 +126,7 @@ def embedded_worker():
     """Start `Worker`s on threads of the test process:
     ``embedded_worker(name="a", pool_size=2)``; the worker gets a `thread`
     attribute. Every one is stopped and joined at the end of the test."""
-    from everystep.worker import Worker
+    from everystep.worker.orchestrator import Worker
 
     started = []
 

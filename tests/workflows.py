@@ -12,7 +12,8 @@ import threading
 import uuid
 
 import everystep
-from everystep import Terminal, context, parallel, step, workflow
+from everystep import Terminal, parallel, step, workflow
+from everystep.engine import context
 
 calls = collections.Counter()
 _calls_lock = threading.Lock()

@@ -2,7 +2,7 @@
 
 from django import template
 
-from everystep.serde import readable_json
+from everystep.core.serde import readable_json
 
 register = template.Library()
 

@@ -1,7 +1,7 @@
 """A run's step graph and timeline, laid out for SVG.
 
 `step_graph(run, steps)` gives the graph of the run's workflow
-(`everystep.graph`) with each node's live status — done, failed, uncertain,
+(`everystep.ui.graph`) with each node's live status — done, failed, uncertain,
 in flight or pending — or, when the body has no fixed shape or its
 workflow is not imported here, the recorded steps in order with the reason.
 `timeline(run, steps)` puts each recorded step on a time axis, one lane per
@@ -14,9 +14,9 @@ import functools
 
 from django.utils import timezone
 
-from everystep import graph as graphs
-from everystep import registry
+from everystep.core import registry
 from everystep.models import Step, Workflow
+from everystep.ui import graph as graphs
 
 NODE_WIDTH, NODE_HEIGHT, GAP_X, GAP_Y, MARGIN = 200, 44, 24, 36, 8
 LANE_HEIGHT, LABEL_WIDTH, AXIS_WIDTH = 28, 150, 760

@@ -8,7 +8,7 @@ times; without a zone, UTC), ``q`` (a run id or an idempotency key) and
 
 import datetime
 
-from everystep import operations
+from everystep.db import operations
 from everystep.errors import EverystepError
 
 PARAMETERS = ("status", "workflow", "worker", "after", "before", "q")

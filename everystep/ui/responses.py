@@ -4,7 +4,7 @@ or a problem — a one-line reason with its HTTP status, never a traceback."""
 from django.http import HttpResponse
 from django.template.loader import render_to_string
 
-from everystep.serde import readable_json
+from everystep.core.serde import readable_json
 
 
 def page(request, template, context, status=200):

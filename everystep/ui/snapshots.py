@@ -1,7 +1,7 @@
 """What each view shows, as data: the pages render it, the JSON API returns
 it, and the live stream sends it again whenever it changes.
 
-Every function reads through `everystep.operations`, the same queries the
+Every function reads through `everystep.db.operations`, the same queries the
 command line uses.
 """
 
@@ -10,10 +10,10 @@ import hashlib
 
 from django.utils import timezone
 
-from everystep import operations
+from everystep.core.serde import readable_json
+from everystep.db import operations
 from everystep.errors import EverystepError
 from everystep.models import Workflow
-from everystep.serde import readable_json
 from everystep.ui import drawing, filters
 
 

@@ -19,10 +19,11 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
 
-from everystep import control, operations
+from everystep.control.actions import actions
+from everystep.control.resolve import resolve_step
+from everystep.db import operations
 from everystep.errors import EverystepError
 from everystep.models import Workflow
-from everystep.recovery import resolve_step
 from everystep.ui import access, drawing, filters, responses, snapshots
 
 logger = logging.getLogger("everystep.ui")
@@ -167,7 +168,7 @@ def cancel(request, run_id):
     """Cancel the run: at once, or at its next step boundary if it runs."""
     reason = request.POST.get("reason", "").strip()[:500] or None
     try:
-        status = control.cancel(run_id, reason)
+        status = actions.cancel(run_id, reason)
     except EverystepError as exc:
         return _refused(request, run_id, str(exc), 409)
     running = status == Workflow.Status.RUNNING
@@ -185,7 +186,7 @@ def cancel(request, run_id):
 def retry(request, run_id):
     """Schedule the failed run again."""
     try:
-        control.retry(run_id)
+        actions.retry(run_id)
     except EverystepError as exc:
         return _refused(request, run_id, str(exc), 409)
     access.acted(request, "retry", f"run {run_id}: retried", run_id=str(run_id))

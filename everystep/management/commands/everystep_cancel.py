@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from everystep import control
+from everystep.control.actions import actions
 from everystep.errors import EverystepError
 from everystep.models import Workflow
 
@@ -17,7 +17,7 @@ class Command(BaseCommand):
 
     def handle(self, run_id, reason, **options):
         try:
-            status = control.cancel(run_id, reason)
+            status = actions.cancel(run_id, reason)
         except EverystepError as exc:
             raise CommandError(str(exc), returncode=2) from None
         self.stdout.write(cancelled_message(run_id, status))

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from everystep import operations
+from everystep.db import operations
 from everystep.errors import EverystepError
 
 

@@ -2,8 +2,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from everystep.control.resolve import resolve_step
 from everystep.errors import EverystepError
-from everystep.recovery import resolve_step
 
 
 class Command(BaseCommand):

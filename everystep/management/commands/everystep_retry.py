@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from everystep import control
+from everystep.control.actions import actions
 from everystep.errors import EverystepError
 
 
@@ -15,7 +15,7 @@ class Command(BaseCommand):
 
     def handle(self, run_id, **options):
         try:
-            control.retry(run_id)
+            actions.retry(run_id)
         except EverystepError as exc:
             raise CommandError(str(exc), returncode=2) from None
         self.stdout.write(f"run {run_id} scheduled again")

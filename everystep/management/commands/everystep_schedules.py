@@ -6,7 +6,7 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from everystep import operations
+from everystep.db import operations
 
 EMPTY = "no cron workflows are registered (@workflow(cron=...))"
 

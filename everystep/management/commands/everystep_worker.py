@@ -6,9 +6,11 @@ import sys
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError
 
-from everystep import events, logs, options
+from everystep.core import events
 from everystep.errors import ConfigurationError
-from everystep.worker import NameHeld, NameLost, Worker
+from everystep.observe import logs
+from everystep.worker import options
+from everystep.worker.orchestrator import NameHeld, NameLost, Worker
 
 
 class Command(BaseCommand):

@@ -30,10 +30,11 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from everystep import command_names, store
+from everystep.core import command_names
+from everystep.db import store
+from everystep.db.namelock import name_lock
 from everystep.errors import EverystepError
 from everystep.models import Step, Worker, Workflow
-from everystep.namelock import name_lock
 
 MAX_LIMIT = 10_000
 
@@ -198,7 +199,7 @@ def schedules(now=None):
     tick and the run of its latest tick if there is one: ``[{"workflow",
     "cron", "timezone", "next_tick", "latest_tick", "latest_run",
     "latest_status"}]``; one query."""
-    from everystep import clock, cron, registry
+    from everystep.core import clock, cron, registry
 
     now = now or clock.now()
     rows = []

@@ -1,8 +1,8 @@
-"""Prometheus metrics, fed by the engine's events (`everystep.events`).
+"""Prometheus metrics, fed by the engine's events (`everystep.core.events`).
 
 Every collector lives in `prometheus_client`'s default registry, so the
 process that runs a worker serves them wherever it serves that registry:
-the worker's own endpoint (`--metrics-port`, `everystep.endpoint`), a
+the worker's own endpoint (`--metrics-port`, `everystep.worker.endpoint`), a
 Django view (`everystep.views.metrics_view`) or the host application's own
 exporter. Labels are names from code (workflows, steps, workers), never run
 ids, so the number of series stays bounded.
@@ -21,7 +21,8 @@ import time
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from everystep import events, transient
+from everystep.core import events
+from everystep.resilience import transient
 
 QUEUE_CACHE_SECONDS = 5.0
 
@@ -215,7 +216,8 @@ class QueueCollector:
     def _read(self):
         from django.db import DEFAULT_DB_ALIAS, connections
 
-        from everystep import deadline, operations, store
+        from everystep.db import operations, store
+        from everystep.resilience import deadline
 
         try:
             with deadline.guard(connections[DEFAULT_DB_ALIAS], "reading the queue gauges"):

@@ -12,7 +12,8 @@ import uuid
 from django.db import transaction
 from django.utils import timezone
 
-from everystep import serde, store
+from everystep.core import serde
+from everystep.db import store
 from everystep.errors import EverystepError, StepFailure
 from everystep.models import Step, Workflow
 

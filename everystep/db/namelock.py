@@ -16,7 +16,7 @@ is ever that idle.
 A lock lost with its connection (a restart, a partition) is taken again by
 `ensure()` before the worker claims anything more. If the server still
 shows the lock held by this worker's own previous session, that session is
-ended first (`everystep.sessions.end`). If another process holds it,
+ended first (`everystep.resilience.sessions.end`). If another process holds it,
 `ensure()` raises `NameLost`: the worker must stop, never run as a second
 holder.
 """
@@ -30,8 +30,9 @@ import time
 
 from django.db import DatabaseError, connections
 
-from everystep import deadline, events, sessions
-from everystep.timeouts import KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL
+from everystep.core import events
+from everystep.resilience import deadline, sessions
+from everystep.resilience.timeouts import KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL
 
 IDLE_SESSION_TIMEOUT = 30  # seconds; the worker checks its lock every 5
 

@@ -20,7 +20,8 @@ import uuid
 
 from django.db import transaction
 
-from everystep import clock, serde, store
+from everystep.core import clock, serde
+from everystep.db import store
 from everystep.errors import Cancelled, EverystepError
 from everystep.models import Step, Workflow
 

@@ -23,7 +23,8 @@ from collections import deque
 
 from django.db import DatabaseError
 
-from everystep import deadline, events
+from everystep.core import events
+from everystep.resilience import deadline
 
 MAX_REMEMBERED = 1000  # a long flapping outage must not grow the list without bound
 NOTED_PER_CONNECTION = 8
@@ -64,7 +65,7 @@ class Note:
     connects, from the driver and this process (no round trip): the server
     sessions of its last few connections with when each opened (`abandon`
     remembers them), and the outage generation its latest connection opened
-    in (`everystep.transient`: a connection older than the latest outage may
+    in (`everystep.resilience.transient`: a connection older than the latest outage may
     have been cut off by it)."""
 
     __slots__ = ("sessions", "outage_generation")
@@ -86,7 +87,7 @@ def on_connection_created(sender, connection, **kwargs):
     the id once the connection failed). The last few sessions are kept:
     Django may reconnect on its own after a failure (leaving a transaction
     whose rollback failed) before the engine drops the wrapper's connection."""
-    from everystep.transient import outage  # retry imports this module
+    from everystep.resilience.transient import outage  # retry imports this module
 
     note = connection.__dict__.get("everystep_note")
     if note is None:

@@ -21,9 +21,9 @@ Database outages fail nothing: the loop backs off and retries, runners
 retry their writes, and a worker that has to exit while the database is
 unreachable leaves its runs parked under its name for its next start. A
 database that goes silent is noticed by the deadline on every operation
-(`everystep.deadline`), and stopping never hangs on it (`everystep.shutdown`).
+(`everystep.resilience.deadline`), and stopping never hangs on it (`everystep.worker.shutdown`).
 The sessions that connections cut off left on the server, with the row
-locks they hold, are ended once it answers again (`everystep.sessions`).
+locks they hold, are ended once it answers again (`everystep.resilience.sessions`).
 
 No run is stranded under a live worker: at least every `TAKE_BACK_INTERVAL`
 seconds, and after any failed claim (whose reply may have been lost after
@@ -32,9 +32,9 @@ that it is not executing. A worker claims only runs of the workflows
 registered in its process; others wait for a worker that has them.
 
 The worker is an orchestrator over its parts: the options
-(`everystep.options`), the name guard (`everystep.nameguard`), the pool
-(`everystep.pool`), the shutdown (`everystep.shutdown`) and the outage
-tracking shared with the runners (`everystep.transient`).
+(`everystep.worker.options`), the name guard (`everystep.worker.nameguard`), the pool
+(`everystep.worker.pool`), the shutdown (`everystep.worker.shutdown`) and the outage
+tracking shared with the runners (`everystep.resilience.transient`).
 """
 
 import heapq
@@ -47,30 +47,18 @@ import time
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
-from everystep import (
-    clock,
-    command_names,
-    cron,
-    deadline,
-    events,
-    metrics,
-    registry,
-    reporting,
-    runner,
-    schema,
-    sessions,
-    store,
-    timeouts,
-    tracing,
-    transient,
-)
-from everystep.endpoint import Endpoint
+from everystep.core import clock, command_names, cron, events, registry
+from everystep.db import schema, store
+from everystep.db.namelock import NameLost
+from everystep.engine import runner
 from everystep.models import Worker as WorkerRow
-from everystep.nameguard import NameGuard, NameHeld
-from everystep.namelock import NameLost
-from everystep.options import WorkerOptions
-from everystep.pool import Pool
-from everystep.shutdown import Shutdown
+from everystep.observe import metrics, sentry, tracing
+from everystep.resilience import deadline, sessions, timeouts, transient
+from everystep.worker.endpoint import Endpoint
+from everystep.worker.nameguard import NameGuard, NameHeld
+from everystep.worker.options import WorkerOptions
+from everystep.worker.pool import Pool
+from everystep.worker.shutdown import Shutdown
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +73,9 @@ __all__ = ["NameHeld", "NameLost", "Worker"]
 class Worker:
     """A worker process's loop; `run()` blocks until it has drained.
 
-    Options as `everystep.options.WorkerOptions` (``pool_size``, ``poll``,
+    Options as `everystep.worker.options.WorkerOptions` (``pool_size``, ``poll``,
     ``name``, ``drain``, ``catchup``, ``notify``, ``db_deadline``); a bad
-    value raises `everystep.options.OptionError` (a ValueError).
+    value raises `everystep.worker.options.OptionError` (a ValueError).
     """
 
     def __init__(self, pool_size=4, poll=0.2, name=None, drain=30, **options):
@@ -133,7 +121,7 @@ class Worker:
         deadline.seconds = self.options.db_deadline
         timeouts.harden(connections[DEFAULT_DB_ALIAS].settings_dict)
         metrics.install()
-        reporting.install()
+        sentry.install()
         tracing.install()
         started_at = time.time()
         events.announce("worker_starting", worker=self.name, started_at=started_at)
@@ -199,7 +187,7 @@ class Worker:
 
     def _register(self, attempt):
         """Record this worker in the workers table, and note which server it
-        talks to (`everystep.sessions` ends sessions on that server only)."""
+        talks to (`everystep.resilience.sessions` ends sessions on that server only)."""
         store.worker_started(self.name, self.pool_size, registry.names())
         sessions.note_server(connections[DEFAULT_DB_ALIAS])
 
@@ -379,7 +367,7 @@ class Worker:
         return next(self._delays)
 
     def health(self):
-        """``(alive, ready, reason)`` for the probes (`everystep.endpoint`):
+        """``(alive, ready, reason)`` for the probes (`everystep.worker.endpoint`):
         alive while the loop turns (a wedged one is late for its next turn,
         backoff included, by more than 3 polls plus the database deadline);
         ready once caught up, while the
@@ -424,7 +412,7 @@ class Worker:
         """On PostgreSQL, wake the loop as soon as a run is scheduled."""
         if not self.options.notify or connection.vendor != "postgresql":
             return None
-        from everystep.notify import Listener
+        from everystep.worker.wakeup import Listener
 
         listener = Listener(self._notified)
         listener.start()

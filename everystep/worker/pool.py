@@ -14,7 +14,9 @@ import threading
 
 from django.db import connection, connections
 
-from everystep import runner, store, transient
+from everystep.db import store
+from everystep.engine import runner
+from everystep.resilience import transient
 
 Status = runner.Status
 

@@ -19,7 +19,7 @@ import time
 
 from django.db import connections
 
-from everystep import deadline, sessions, transient
+from everystep.resilience import deadline, sessions, transient
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections,
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from everystep import clock, registry, serde
+from everystep.core import clock, registry, serde
 from everystep.models import Step, Worker, Workflow
 
 RUNNING = Workflow.Status.RUNNING
@@ -42,7 +42,7 @@ class ClaimedRun:
     has_steps: bool | None = None
     #: When the run became due (its pickup delay runs from here), if known.
     due_at: datetime.datetime | None = None
-    #: The trace context stored by `schedule()`, if any (`everystep.tracing`).
+    #: The trace context stored by `schedule()`, if any (`everystep.observe.tracing`).
     trace_context: dict | None = None
     #: A cancel was asked of the run while an earlier claim held it.
     cancel_requested: bool = False

@@ -5,7 +5,7 @@ lock-wait timeout says nothing about the run: the engine retries the write
 with backoff instead of failing the run. Anything else (a data error, a
 missing table, a bug) is not transient and propagates.
 
-Each attempt runs under the engine's deadline (`everystep.deadline`), so a
+Each attempt runs under the engine's deadline (`everystep.resilience.deadline`), so a
 database that went silent fails the attempt instead of hanging it. An
 outage is announced once, when the first operation fails, and its end once,
 when one succeeds again, however many threads retry in between.
@@ -17,8 +17,9 @@ import time
 
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 
-from everystep import deadline, events, sessions
+from everystep.core import events
 from everystep.errors import ConfigurationError
+from everystep.resilience import deadline, sessions
 
 # PostgreSQL SQLSTATE classes and codes: connection exception, transaction
 # rollback (serialization failure, deadlock), insufficient resources,
@@ -176,7 +177,7 @@ def replace_if_outage(seen):
 def reset_connection(cut_off=False):
     """Drop this thread's connection so the next query opens a fresh one.
     `cut_off`: it may have been cut off without the server's knowledge, so
-    its session is remembered to be ended later (`everystep.sessions`)."""
+    its session is remembered to be ended later (`everystep.resilience.sessions`)."""
     wrapper = connections[DEFAULT_DB_ALIAS]
     if cut_off:
         sessions.abandon(wrapper)

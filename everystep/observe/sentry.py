@@ -1,4 +1,4 @@
-"""Error reports to Sentry, fed by the engine's events (`everystep.events`).
+"""Error reports to Sentry, fed by the engine's events (`everystep.core.events`).
 
 When the application initialized sentry-sdk, every run that ends
 ``failed`` is reported once, with the exception that failed it, and so is
@@ -12,7 +12,7 @@ or with it not initialized, nothing happens.
 
 import sys
 
-from everystep import events
+from everystep.core import events
 
 
 def install():

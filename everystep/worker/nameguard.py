@@ -16,9 +16,10 @@ import time
 
 from django.db import connections
 
-from everystep import events, transient
+from everystep.core import events
+from everystep.db.namelock import NameLost, name_lock
 from everystep.errors import ConfigurationError
-from everystep.namelock import NameLost, name_lock
+from everystep.resilience import transient
 
 CHECK_INTERVAL = 5.0  # seconds between checks of a held lock
 RETRY_INTERVAL = 0.5  # seconds between attempts to take a lost lock again

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans, fed by the engine's events (`everystep.events`).
+"""OpenTelemetry spans, fed by the engine's events (`everystep.core.events`).
 
 Every run attempt is a span on the tracer ``everystep``, named after the
 workflow, with ``everystep.workflow.id``, ``everystep.workflow.name``,
@@ -22,7 +22,7 @@ context, so the step's own code sees it as its parent.
 
 import threading
 
-from everystep import events
+from everystep.core import events
 from everystep.errors import Terminal
 
 try:

@@ -25,7 +25,9 @@ import time
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 
-from everystep import attempts, clock, context, events, registry, serde, store, transient
+from everystep.core import clock, events, registry, retry_policy, serde
+from everystep.db import store
+from everystep.engine import context
 from everystep.errors import (
     Cancelled,
     ClaimLost,
@@ -39,6 +41,7 @@ from everystep.errors import (
     WorkflowCodeError,
 )
 from everystep.models import Step, Workflow
+from everystep.resilience import transient
 
 logger = logging.getLogger(__name__)
 
@@ -147,9 +150,9 @@ def _attempt(claimed, run):
     return _finish(run, Status.COMPLETED, started, result=result, error=None)
 
 
-def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, retry_policy=None):
+def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, policy=None):
     """Execute or replay one step call of the running workflow `ctx`;
-    `retry_policy` (`everystep.attempts.RetryPolicy`) calls it again after
+    `policy` (`everystep.core.retry_policy.RetryPolicy`) calls it again after
     the errors it names."""
     run = ctx.run
     recorded = run.outcomes.get(step_id)
@@ -195,17 +198,17 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, retry_pol
                 row = Step.Status.STARTED
             outcome = _call(ctx, step, func, args, kwargs)
             error = outcome.error
-            retrying = retry_policy is not None and retry_policy.retries_after(error, attempt)
+            retrying = policy is not None and policy.retries_after(error, attempt)
             if fault is not None:
                 fault(ctx, step_id, name)
             if not retrying:
                 break
-            wait = retry_policy.wait(attempt)
+            wait = policy.wait(attempt)
             retry_at = clock.now() + datetime.timedelta(seconds=wait)
             retry_at_text = serde.dumps(serde.to_json(retry_at))
             last_error = outcome.error_text
-            _announce_retry(run, step, attempt, retry_policy, error, wait)
-            durable = wait > attempts.IN_PLACE_SECONDS or ctx.draining
+            _announce_retry(run, step, attempt, policy, error, wait)
+            durable = wait > retry_policy.IN_PLACE_SECONDS or ctx.draining
             # Waiting durably, or after an unsafe step whose outcome is known
             # (it failed, and may run again): the wait is recorded.
             if durable or unsafe_to_repeat:
@@ -335,7 +338,7 @@ def _called(ctx, func, args, kwargs):
     return _Outcome(Step.Status.DONE, result, None, None, text, None, seconds)
 
 
-def _announce_retry(run, step, attempt, retry_policy, error, wait):
+def _announce_retry(run, step, attempt, policy, error, wait):
     events.announce(
         "step_retrying",
         run_id=run.workflow_id,
@@ -344,7 +347,7 @@ def _announce_retry(run, step, attempt, retry_policy, error, wait):
         step_id=step["step_id"],
         step=step["name"],
         attempt=attempt,
-        attempts=retry_policy.retries + 1,
+        attempts=policy.retries + 1,
         error=transient.one_line(error),
         exception=error,
         seconds=wait,

@@ -4,8 +4,8 @@ The runner and the worker call `announce(EVENT, **fields)` at each
 transition — a run claimed, finished, requeued; a step recorded; the
 database lost and found again — and never log, count or trace on their own.
 `announce` calls every subscriber of the event — the metrics
-(`everystep.metrics`), the spans (`everystep.tracing`) and the error
-reports (`everystep.reporting`) hang off this seam, each subscribing a
+(`everystep.observe.metrics`), the spans (`everystep.observe.tracing`) and the error
+reports (`everystep.observe.sentry`) hang off this seam, each subscribing a
 mapping of the events it handles to their handlers — and writes the log
 record: one message per event, with the same ``extra`` keys every time
 (``action`` and the event's fields, run ids as strings; objects meant for

@@ -1,7 +1,7 @@
 """The worker's HTTP endpoint: ``/metrics``, ``/healthz`` and ``/readyz``.
 
 `Endpoint` serves, on a daemon thread, the default Prometheus registry at
-``/metrics`` (`everystep.metrics`) and the worker's two probes:
+``/metrics`` (`everystep.observe.metrics`) and the worker's two probes:
 
 - ``/healthz``: 200 while the worker's loop turns; 503 once it has not
   turned for longer than it ever should (a wedged process: restart it);

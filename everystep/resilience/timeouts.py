@@ -13,7 +13,7 @@ settings these defaults, each overridable in the database URL or the
   `USER_TIMEOUT` seconds fails the connection.
 
 A peer that acknowledges packets yet answers nothing is caught by the
-worker's own deadline on each operation (`everystep.deadline`).
+worker's own deadline on each operation (`everystep.resilience.deadline`).
 """
 
 import socket

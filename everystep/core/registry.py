@@ -4,7 +4,7 @@ from everystep.errors import EverystepError
 
 MAX_NAME_LENGTH = 300
 _workflows = {}
-_schedules = {}  # name → its `everystep.cron.Schedule`, for cron workflows
+_schedules = {}  # name → its `everystep.core.cron.Schedule`, for cron workflows
 
 
 def qualified_name(func):

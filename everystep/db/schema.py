@@ -14,8 +14,9 @@ import time
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
-from everystep import command_names, events, transient
+from everystep.core import command_names, events
 from everystep.errors import ConfigurationError
+from everystep.resilience import transient
 
 #: Seconds between two looks at the migrations while waiting for them.
 POLL_SECONDS = 1.0
