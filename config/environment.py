@@ -10,7 +10,6 @@ import urllib.parse
 
 import environ
 from everystep_config.database import DatabaseURLError, database_settings, url_secrets
-from everystep_config.worker import worker_variables
 
 from everystep.worker import options
 
@@ -185,7 +184,7 @@ def load_worker(environ_mapping):
     defined with the options, in `everystep.worker.options`); `ConfigError` on a bad
     value."""
     try:
-        return options.resolve({}, worker_variables(environ_mapping))
+        return options.resolve({}, options.from_environment(environ_mapping))
     except options.OptionError as exc:
         raise ConfigError(str(exc)) from None
 

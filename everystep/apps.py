@@ -12,7 +12,8 @@ class EverystepConfig(AppConfig):
     modules listed in the ``EVERYSTEP_WORKFLOWS`` setting, so that a worker
     knows every ``@workflow`` it may be asked to run, tunes each new
     MySQL/MariaDB connection's socket (`everystep.resilience.timeouts`) and notes each
-    new connection's server session (`everystep.resilience.sessions`).
+    new connection's server session (`everystep.resilience.sessions`) and the
+    outage generation it opened in (`everystep.resilience.outage`).
     """
 
     name = "everystep"
@@ -28,11 +29,12 @@ class EverystepConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from everystep import checks  # noqa: F401 - registers the checks
-        from everystep.resilience import sessions, timeouts
+        from everystep.resilience import outage, sessions, timeouts
 
         receivers = (
             timeouts.on_connection_created,
             sessions.on_connection_created,
+            outage.stamp,
         )
         for receiver in receivers:
             connection_created.connect(receiver, dispatch_uid=receiver.__module__)

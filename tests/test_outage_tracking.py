@@ -7,7 +7,7 @@ import pytest
 from django.db import InterfaceError, connection, connections, transaction
 
 from everystep.core import events
-from everystep.resilience import deadline, sessions, transient
+from everystep.resilience import deadline, outage, sessions, transient
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,25 +33,25 @@ def opened_connection():
 
 
 def test_a_connection_opened_before_an_outage_failing_after_it_is_no_new_outage(announced):
-    tracker = transient._Outage()
-    tracker.generation = transient.outage.generation  # the generation connections open in now
+    tracker = outage.Outage()
+    tracker.generation = outage.tracker.generation  # the generation connections open in now
     cut_off = opened_connection()
     lost = InterfaceError("connection already closed")
     try:
-        tracker.failed("claiming runs", lost, transient.generation_of(cut_off))
+        tracker.failed("claiming runs", lost, outage.generation_of(cut_off))
         tracker.succeeded()
         # The same outage cut this one off; its deadline ran out after the heal.
-        tracker.failed("recording step 1", lost, transient.generation_of(cut_off))
+        tracker.failed("recording step 1", lost, outage.generation_of(cut_off))
         assert announced == ["db_outage", "db_recovered"]
         assert tracker.since is None
 
         # A connection opened since then that fails is a new outage.
-        transient.outage.generation, saved = tracker.generation, transient.outage.generation
+        outage.tracker.generation, saved = tracker.generation, outage.tracker.generation
         try:
             fresh = opened_connection()
         finally:
-            transient.outage.generation = saved
-        tracker.failed("recording step 2", lost, transient.generation_of(fresh))
+            outage.tracker.generation = saved
+        tracker.failed("recording step 2", lost, outage.generation_of(fresh))
         assert announced == ["db_outage", "db_recovered", "db_outage"]
         fresh.close()
     finally:
@@ -70,9 +70,9 @@ def test_an_operation_cut_off_by_an_outage_is_its_tail_even_when_django_reconnec
     Leaving the broken transaction, Django reconnects on its own: the failure
     then surfaces on a connection opened after the outage, and is still no
     new outage."""
-    tracker = transient._Outage()
-    tracker.generation = transient.outage.generation
-    monkeypatch.setattr(transient, "outage", tracker)  # connections note this one's generation
+    tracker = outage.Outage()
+    tracker.generation = outage.tracker.generation
+    monkeypatch.setattr(outage, "tracker", tracker)  # connections are stamped with its generation
     blocked = threading.Event()
     held = {}
     outcome = {}

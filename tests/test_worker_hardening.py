@@ -14,7 +14,7 @@ from django.db import InterfaceError, OperationalError, connection, connections
 from everystep import schedule
 from everystep.db import store
 from everystep.models import Workflow
-from everystep.resilience import deadline, timeouts, transient
+from everystep.resilience import classify, deadline, timeouts
 from tests import workflows
 from tests.helpers import database_url, park, statuses, wait_until
 from tests.workerproc import manage_py_environment, stop_embedded, timed_wait
@@ -157,7 +157,7 @@ def test_an_engine_operation_past_its_deadline_has_its_connection_given_up(monke
                 f"SELECT pg_terminate_backend({session})" if postgres else f"KILL {session}"
             )
     assert time.monotonic() - began < 5
-    assert transient.is_transient(failure.value)
+    assert classify.is_transient(failure.value)
 
 
 @servers_only

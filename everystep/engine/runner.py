@@ -41,7 +41,7 @@ from everystep.errors import (
     WorkflowCodeError,
 )
 from everystep.models import Step, Workflow
-from everystep.resilience import transient
+from everystep.resilience import classify, transient
 
 logger = logging.getLogger(__name__)
 
@@ -348,7 +348,7 @@ def _announce_retry(run, step, attempt, policy, error, wait):
         step=step["name"],
         attempt=attempt,
         attempts=policy.retries + 1,
-        error=transient.one_line(error),
+        error=classify.one_line(error),
         exception=error,
         seconds=wait,
     )
@@ -541,8 +541,8 @@ def _guarded(operation, what):
     try:
         return transient.retrying(operation, what=what)
     except Exception as exc:
-        if transient.is_too_large(exc):
+        if classify.is_too_large(exc):
             raise EverystepError(
-                f"the database cannot store this while {what}: {transient.one_line(exc)}"
+                f"the database cannot store this while {what}: {classify.one_line(exc)}"
             ) from exc
         raise EngineError(exc) from exc

@@ -22,7 +22,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from everystep.core import events
-from everystep.resilience import transient
+from everystep.resilience import outage
 
 QUEUE_CACHE_SECONDS = 5.0
 
@@ -148,7 +148,7 @@ def _worker_starting(fields):
     global _runner
     _runner = runner = fields["worker"]
     STARTED_AT.labels(runner).set(fields["started_at"])
-    DB_OUTAGE.labels(runner).set(0 if transient.outage.since is None else 1)
+    DB_OUTAGE.labels(runner).set(0 if outage.tracker.since is None else 1)
     for zero_until_counted in (IN_FLIGHT, CLAIMS, REQUEUED, DB_RETRIES):
         zero_until_counted.labels(runner)
 

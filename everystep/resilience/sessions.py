@@ -62,17 +62,13 @@ _SERVER_SQL = {
 
 class Note:
     """What the engine notes on a Django connection wrapper each time it
-    connects, from the driver and this process (no round trip): the server
-    sessions of its last few connections with when each opened (`abandon`
-    remembers them), and the outage generation its latest connection opened
-    in (`everystep.resilience.transient`: a connection older than the latest outage may
-    have been cut off by it)."""
+    connects, from the driver (no round trip): the server sessions of its
+    last few connections with when each opened (`abandon` remembers them)."""
 
-    __slots__ = ("sessions", "outage_generation")
+    __slots__ = ("sessions",)
 
     def __init__(self):
         self.sessions = deque(maxlen=NOTED_PER_CONNECTION)
-        self.outage_generation = None
 
 
 def noted(wrapper):
@@ -82,17 +78,14 @@ def noted(wrapper):
 
 def on_connection_created(sender, connection, **kwargs):
     """Django's ``connection_created`` receiver: note on the connection
-    wrapper the outage generation it opened in, and the new session's id
-    and when it opened, read while the connection is healthy (libpq forgets
-    the id once the connection failed). The last few sessions are kept:
-    Django may reconnect on its own after a failure (leaving a transaction
-    whose rollback failed) before the engine drops the wrapper's connection."""
-    from everystep.resilience.transient import outage  # retry imports this module
-
+    wrapper the new session's id and when it opened, read while the
+    connection is healthy (libpq forgets the id once the connection failed).
+    The last few sessions are kept: Django may reconnect on its own after a
+    failure (leaving a transaction whose rollback failed) before the engine
+    drops the wrapper's connection."""
     note = connection.__dict__.get("everystep_note")
     if note is None:
         note = connection.everystep_note = Note()
-    note.outage_generation = outage.generation
     raw = connection.connection
     if connection.vendor == "postgresql":
         note.sessions.append((raw.info.backend_pid, time.monotonic()))

@@ -19,7 +19,7 @@ from django.db import connections
 from everystep.core import events
 from everystep.db.namelock import NameLost, name_lock
 from everystep.errors import ConfigurationError
-from everystep.resilience import transient
+from everystep.resilience import classify, outage, transient
 
 CHECK_INTERVAL = 5.0  # seconds between checks of a held lock
 RETRY_INTERVAL = 0.5  # seconds between attempts to take a lost lock again
@@ -103,13 +103,13 @@ class NameGuard:
             self.lock.release()
 
     def _run(self):
-        generation = transient.outage.generation
+        generation = outage.tracker.generation
         try:
             while not self._stop.wait(CHECK_INTERVAL if self.held else RETRY_INTERVAL):
                 # A connection that lived through an outage may be cut off
                 # silently: take the lock again on a new one.
-                reconnect = transient.outage.generation != generation
-                generation = transient.outage.generation
+                reconnect = outage.tracker.generation != generation
+                generation = outage.tracker.generation
                 self._set_held(self._check(reconnect))
                 if self.lost is not None:
                     return
@@ -118,7 +118,7 @@ class NameGuard:
             connections.close_all()  # this thread's own, used by a file lock's heartbeat
 
     def _check(self, reconnect):
-        began_in = transient.outage.generation  # on a connection no older: see _run
+        began_in = outage.tracker.generation  # on a connection no older: see _run
         try:
             if not self.lock.ensure(reconnect=reconnect):
                 return False
@@ -127,8 +127,8 @@ class NameGuard:
             self.lost = exc
             return False
         except Exception as exc:  # noqa: BLE001 - the database is away; try again soon
-            if transient.is_transient(exc):
-                transient.outage.failed("checking the name lock", exc, began_in)
+            if classify.is_transient(exc):
+                outage.tracker.failed("checking the name lock", exc, began_in)
             return False
         return True
 

@@ -5,12 +5,15 @@ variable, its default, its validation and its help.
 the ``everystep worker`` command add the same flags with `add_arguments` and
 resolve them with `resolve`, a flag winning over its variable and the
 variable over the default. The library reads no environment itself: the
-caller hands `resolve` the variables it read (see ``everystep_config``).
+caller hands `from_environment` the environment it read (a mapping), and
+`resolve` what that gives.
 """
 
 import argparse
 import dataclasses
 import math
+import re
+import socket
 
 #: The longest worker name the ``claimed_by`` column holds.
 MAX_NAME_LENGTH = 255
@@ -244,3 +247,40 @@ def _describe(option, source, value, reason):
     if source == option.variable:
         return f"{source}={value!r} {reason}"
     return f"{source} {value!r} {reason}"
+
+
+# Kubernetes' alphabet for generated names: no vowels, no look-alikes.
+_KUBERNETES = "[bcdfghjklmnpqrstvwxz2456789]"
+# Host names that change with every container or pod: Docker's and Podman's
+# default (the container id's first 12 hex digits), and a Kubernetes
+# Deployment's pod (its ReplicaSet's hash, then 5 random characters).
+_RANDOM_HOSTNAMES = (
+    re.compile(r"[0-9a-f]{12}"),
+    re.compile(rf".+-{_KUBERNETES}{{6,10}}-{_KUBERNETES}{{5}}"),
+)
+
+
+def from_environment(environ):
+    """The worker options' variables set in `environ` (a mapping), with the
+    default name filled in: ``EVERYSTEP_NAME``, else ``DYNO`` (a Heroku dyno's
+    stable name), else the hostname."""
+    found = {
+        option.variable: environ[option.variable]
+        for option in OPTIONS
+        if environ.get(option.variable, "") != ""
+    }
+    found.setdefault("EVERYSTEP_NAME", environ.get("DYNO") or socket.gethostname())
+    return found
+
+
+def unstable_name(environ):
+    """The default name the worker would take from `environ`, if it is a
+    host name that looks random (a container's id, a Deployment's pod): a
+    worker restarted under a new name leaves the runs it held parked under
+    the old one. None when the name is set or stable."""
+    if environ.get("EVERYSTEP_NAME") or environ.get("DYNO"):
+        return None
+    hostname = socket.gethostname()
+    if any(pattern.fullmatch(hostname) for pattern in _RANDOM_HOSTNAMES):
+        return hostname
+    return None

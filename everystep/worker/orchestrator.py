@@ -53,7 +53,7 @@ from everystep.db.namelock import NameLost
 from everystep.engine import runner
 from everystep.models import Worker as WorkerRow
 from everystep.observe import metrics, sentry, tracing
-from everystep.resilience import deadline, sessions, timeouts, transient
+from everystep.resilience import classify, deadline, outage, sessions, timeouts, transient
 from everystep.worker.endpoint import Endpoint
 from everystep.worker.nameguard import NameGuard, NameHeld
 from everystep.worker.options import WorkerOptions
@@ -172,8 +172,8 @@ class Worker:
                 # During an outage the guard may be blocked on the lock's
                 # connection: do not wait for it (the session ends with the
                 # process, or the guard releases it once unblocked).
-                outage = transient.outage.since is not None
-                self._guard.stop(timeout=1.0 if outage else self.options.db_deadline + 1)
+                in_outage = outage.tracker.since is not None
+                self._guard.stop(timeout=1.0 if in_outage else self.options.db_deadline + 1)
                 self._pool.stop()
             if lost is not None:
                 raise lost
@@ -237,19 +237,19 @@ class Worker:
             return self.poll  # no claim while the name is in doubt
         # A connection held through an outage may be cut off: replace it first.
         self._generation = transient.replace_if_outage(self._generation)
-        if sessions.pending() and transient.outage.since is None:
+        if sessions.pending() and outage.tracker.since is None:
             self._end_abandoned_sessions()
             self._next_turn_at = time.monotonic()
         self._schedule_ticks()  # a full pool still lets a tick's run wait its turn
         if self._pool.capacity <= 0:
             return self.poll  # full: nothing to claim, and nothing learnt of the database
-        began_in = transient.generation_of(connections[DEFAULT_DB_ALIAS])
+        began_in = outage.generation_of(connections[DEFAULT_DB_ALIAS])
         try:
             claimed, took_back = self._claim()
         except Exception as exc:  # noqa: BLE001 - told apart in _loop_failed
             return self._loop_failed(exc, began_in)
         self._delays = None
-        transient.outage.succeeded()
+        outage.tracker.succeeded()
         if claimed:
             events.announce(
                 "claim",
@@ -275,7 +275,7 @@ class Worker:
                 with deadline.guard(connections[DEFAULT_DB_ALIAS], "scheduling a cron tick"):
                     store.insert_tick(schedule.workflow, cron.tick_key(tick), tick)
             except Exception as exc:  # noqa: BLE001 - the claim that follows meets an outage too
-                if transient.is_transient(exc):
+                if classify.is_transient(exc):
                     transient.drop_after(exc)
                 else:
                     self._log_loop_error(exc)
@@ -312,7 +312,7 @@ class Worker:
             if sessions.end_abandoned(connections[DEFAULT_DB_ALIAS]):
                 self._take_back = True
         except Exception as exc:  # noqa: BLE001 - told apart below
-            if transient.is_transient(exc):
+            if classify.is_transient(exc):
                 transient.drop_after(exc)  # still remembered: tried again next turn
                 return
             # The server will not let them be ended (a privilege, a proxy in
@@ -336,14 +336,14 @@ class Worker:
             return WorkerRow.State.DRAINING
         if not self._ready:
             return WorkerRow.State.STARTING
-        if transient.outage.since is not None:
+        if outage.tracker.since is not None:
             return WorkerRow.State.OUTAGE
         return WorkerRow.State.READY
 
     def _report(self, state):
         """Best effort: record the worker's state now, unless the database is
         known to be away (the heartbeat catches up later)."""
-        if transient.outage.since is not None:
+        if outage.tracker.since is not None:
             return
         try:
             with deadline.guard(connections[DEFAULT_DB_ALIAS], f"recording state {state}"):
@@ -356,8 +356,8 @@ class Worker:
         outage (announced once) or a bug (logged with its traceback,
         rate-limited). A claim whose reply was lost may have committed, so
         the next turn takes back this name's parked runs."""
-        if transient.is_transient(exc):
-            transient.outage.failed("claiming runs", exc, began_in)
+        if classify.is_transient(exc):
+            outage.tracker.failed("claiming runs", exc, began_in)
         else:
             self._log_loop_error(exc)
         self._take_back = True
@@ -381,7 +381,7 @@ class Worker:
             return True, False, "draining"
         if not self._ready:
             return True, False, "starting"
-        if transient.outage.since is not None:
+        if outage.tracker.since is not None:
             return True, False, "database unreachable"
         if not self._guard.held:
             return True, False, "the lock on the worker name is being taken again"
@@ -405,7 +405,7 @@ class Worker:
             "loop_error",
             exc_info=(type(exc), exc, exc.__traceback__),
             worker=self.name,
-            error=transient.one_line(exc),
+            error=classify.one_line(exc),
         )
 
     def _start_listener(self):
@@ -466,7 +466,7 @@ class Worker:
         give_up = time.monotonic() + REQUEUE_GRACE
         parked = []
         for job in list(self._pool.in_flight.values()):
-            if transient.outage.since is not None or time.monotonic() > give_up:
+            if outage.tracker.since is not None or time.monotonic() > give_up:
                 parked.append(job.claimed.id)
                 continue
             try:

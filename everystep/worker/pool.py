@@ -16,7 +16,7 @@ from django.db import connection, connections
 
 from everystep.db import store
 from everystep.engine import runner
-from everystep.resilience import transient
+from everystep.resilience import outage, transient
 
 Status = runner.Status
 
@@ -83,7 +83,7 @@ class Pool:
             self._todo.put(None)
 
     def _work(self):
-        generation = transient.outage.generation
+        generation = outage.tracker.generation
         try:
             while (job := self._todo.get()) is not None:
                 generation = transient.replace_if_outage(generation)

@@ -19,7 +19,7 @@ import time
 
 from django.db import connections
 
-from everystep.resilience import deadline, sessions, transient
+from everystep.resilience import deadline, outage, sessions, transient
 
 logger = logging.getLogger(__name__)
 
@@ -69,11 +69,11 @@ class Listener:
             raw.execute(f"LISTEN {CHANNEL}")
         self.on_notify()  # anything scheduled while not listening is claimed now
         next_ping = time.monotonic() + PING_INTERVAL
-        generation = transient.outage.generation
+        generation = outage.tracker.generation
         while not self._stop.is_set():
             for notification in raw.notifies(timeout=0.5):
                 self.on_notify(notification.payload)
-            if transient.outage.generation != generation:
+            if outage.tracker.generation != generation:
                 sessions.abandon(wrapper)
                 return  # held through an outage: listen again on a new connection
             if time.monotonic() >= next_ping:

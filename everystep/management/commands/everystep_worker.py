@@ -25,8 +25,6 @@ class Command(BaseCommand):
         options.add_arguments(parser)
 
     def handle(self, **flags):
-        from everystep_config.worker import unstable_name, worker_variables
-
         # A new project configures no logging for everystep: show what the
         # worker does all the same (a project's own configuration wins).
         logs.show_by_default()
@@ -34,10 +32,10 @@ class Command(BaseCommand):
         if import_error is not None:
             raise CommandError(import_error, returncode=2)
         try:
-            resolved = options.resolve(flags, worker_variables(os.environ))
+            resolved = options.resolve(flags, options.from_environment(os.environ))
         except options.OptionError as exc:
             raise CommandError(str(exc), returncode=2) from None
-        if not flags.get("name") and unstable_name(os.environ):
+        if not flags.get("name") and options.unstable_name(os.environ):
             events.announce("name_unstable", worker=resolved.name)
         worker = Worker(**dataclasses.asdict(resolved))
         try:
