@@ -92,12 +92,12 @@ def step(
         ctx = context.current()
         if ctx is None or not ctx.recording:
             return func(*args, **kwargs)
-        from everystep.engine import runner
+        from everystep.engine import steps
 
-        runner.refuse_inside_transaction("a step")
+        steps.refuse_inside_transaction("a step")
 
         step_id = ctx.next_step_id(everystep_id)
-        return runner.run_step(
+        return steps.run_step(
             ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, policy
         )
 
@@ -123,9 +123,9 @@ def parallel(*branches, everystep_id=None):
     recording = parent is not None and parent.recording
     fork_id = None
     if recording:
-        from everystep.engine import runner
+        from everystep.engine import steps
 
-        runner.refuse_inside_transaction("parallel()")
+        steps.refuse_inside_transaction("parallel()")
         fork_id = parent.next_step_id(everystep_id)
 
     results = [None] * len(branches)
@@ -149,7 +149,7 @@ def parallel(*branches, everystep_id=None):
 
     if recording:
         events.announce(
-            "fork_started", run_id=parent.run.workflow_id, fork_id=fork_id, count=len(branches)
+            "fork_started", parent.run.fence, fork_id=fork_id, count=len(branches)
         )
     try:
         if context.host_transaction() is not None:
@@ -175,7 +175,7 @@ def parallel(*branches, everystep_id=None):
                 thread.join()
     finally:
         if recording:
-            events.announce("fork_ended", run_id=parent.run.workflow_id, fork_id=fork_id)
+            events.announce("fork_ended", parent.run.fence, fork_id=fork_id)
     _raise_branch_errors([error for error in errors if error is not None])
     return tuple(results)
 
@@ -231,10 +231,10 @@ def sleep(duration, everystep_id=None):
     if ctx is None or not ctx.recording:
         time.sleep(seconds)
         return
-    from everystep.engine import runner
+    from everystep.engine import steps
 
-    runner.refuse_inside_transaction("sleep()")
-    runner.sleep(ctx, ctx.next_step_id(everystep_id), seconds)
+    steps.refuse_inside_transaction("sleep()")
+    steps.sleep(ctx, ctx.next_step_id(everystep_id), seconds)
 
 
 def _check_branch(branch):

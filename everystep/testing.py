@@ -67,7 +67,7 @@ def run_scheduled(*, until=None, max_attempts=1000):
                 f"a workflow that never ends?"
             )
         attempts += 1
-        order.setdefault(claimed.id, None)
+        order.setdefault(claimed.fence.run_id, None)
         runner.execute(claimed)
 
     with _in_this_transaction(), _clock_that_jumps() as jump_to:

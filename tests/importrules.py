@@ -9,7 +9,6 @@ and the entry points (``api``, ``testing``, ``ui``, the Django glue).
 """
 
 import ast
-import pathlib
 from dataclasses import dataclass
 
 PACKAGE = "everystep"
@@ -57,10 +56,7 @@ def module_name(path, root):
 
 def modules(root):
     """Every module of the package under `root`: {name: path}."""
-    return {
-        module_name(path, root): path
-        for path in sorted((root / PACKAGE).rglob("*.py"))
-    }
+    return {module_name(path, root): path for path in sorted((root / PACKAGE).rglob("*.py"))}
 
 
 def _lazy_names(root):
@@ -96,7 +92,9 @@ def imports(root):
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
-                    found.append(Import(source, _resolve(alias.name, known) or alias.name, node.lineno))
+                    found.append(
+                        Import(source, _resolve(alias.name, known) or alias.name, node.lineno)
+                    )
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:

@@ -38,7 +38,7 @@ def test_a_delayed_run_is_not_claimed_before_its_time(moved_clock):
     assert claimable() == []
     moved_clock.advance(1)
     [claimed] = claimable()
-    assert claimed.id == run.id
+    assert claimed.fence.run_id == run.id
     assert claimed.due_at == run.run_at
 
 

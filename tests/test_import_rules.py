@@ -18,7 +18,9 @@ pytestmark = pytest.mark.backends("sqlite")
 @pytest.fixture
 def copy(tmp_path):
     """A copy of the package to put a misplaced import into."""
-    shutil.copytree(ROOT / "everystep", tmp_path / "everystep", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "everystep", tmp_path / "everystep", ignore=shutil.ignore_patterns("__pycache__")
+    )
     return tmp_path
 
 
@@ -47,16 +49,32 @@ def test_every_module_of_the_library_is_seen():
     the lazy imports inside functions included."""
     found = importrules.imports(ROOT)
     sources = {imp.source for imp in found}
-    for module in ("everystep.core.serde", "everystep.db.store", "everystep.engine.runner", "everystep.worker.orchestrator"):
+    for module in (
+        "everystep.core.serde",
+        "everystep.db.store",
+        "everystep.engine.runner",
+        "everystep.worker.orchestrator",
+    ):
         assert module in sources
-    lazy = [imp for imp in found if imp.source == "everystep.api" and imp.target == "everystep.engine.runner"]
+    lazy = [
+        imp
+        for imp in found
+        if imp.source == "everystep.api" and imp.target == "everystep.engine.runner"
+    ]
     assert lazy, "api imports the runner inside its functions"
 
 
 def test_a_lazy_import_of_a_higher_layer_is_refused(copy):
-    _append(copy / "everystep/core/serde.py", "def _misplaced():\n    from everystep.db import store\n    return store")
+    _append(
+        copy / "everystep/core/serde.py",
+        "def _misplaced():\n    from everystep.db import store\n    return store",
+    )
     wrong = importrules.layer_violations(importrules.imports(copy))
-    assert len(wrong) == 1 and wrong[0].startswith("everystep.core.serde:") and "everystep.db.store" in wrong[0]
+    assert (
+        len(wrong) == 1
+        and wrong[0].startswith("everystep.core.serde:")
+        and "everystep.db.store" in wrong[0]
+    )
 
 
 def test_engine_control_and_observe_never_import_each_other(copy):
@@ -67,14 +85,23 @@ def test_engine_control_and_observe_never_import_each_other(copy):
 
 def test_a_name_loaded_lazily_from_the_package_counts_as_its_module(copy):
     """``from everystep import schedule`` in a low layer imports the API."""
-    _append(copy / "everystep/db/store.py", "def _misplaced():\n    from everystep import schedule\n    return schedule")
+    _append(
+        copy / "everystep/db/store.py",
+        "def _misplaced():\n    from everystep import schedule\n    return schedule",
+    )
     wrong = importrules.layer_violations(importrules.imports(copy))
     assert [w for w in wrong if "imports everystep.api" in w], wrong
 
 
 def test_a_circle_is_found(copy):
-    _append(copy / "everystep/core/clock.py", "def _misplaced():\n    from everystep.core import cron\n    return cron")
-    _append(copy / "everystep/core/cron.py", "def _misplaced():\n    from everystep.core import clock\n    return clock")
+    _append(
+        copy / "everystep/core/clock.py",
+        "def _misplaced():\n    from everystep.core import cron\n    return cron",
+    )
+    _append(
+        copy / "everystep/core/cron.py",
+        "def _misplaced():\n    from everystep.core import clock\n    return clock",
+    )
     found = importrules.circles(importrules.imports(copy))
     assert ["everystep.core.clock", "everystep.core.cron"] in found
 
@@ -85,7 +112,11 @@ def test_an_import_of_the_standalone_configuration_is_found(copy):
 
 
 def test_a_read_of_the_environment_is_found(copy):
-    _append(copy / "everystep/worker/options.py", "import os\nPOOL = os.environ.get('EVERYSTEP_POOL')")
+    _append(
+        copy / "everystep/worker/options.py", "import os\nPOOL = os.environ.get('EVERYSTEP_POOL')"
+    )
     _append(copy / "everystep/apps.py", "from os import getenv")
     readers = importrules.environment_readers(copy)
-    assert [r.split(":")[0] for r in readers] == ["everystep.apps", "everystep.worker.options"], readers
+    assert [r.split(":")[0] for r in readers] == ["everystep.apps", "everystep.worker.options"], (
+        readers
+    )

@@ -71,4 +71,4 @@ def test_a_run_inserted_without_a_due_time_is_due_at_once():
             ],
         )
     [claimed] = store.claim("tests", 1, ["tests.workflows.quick"])
-    assert claimed.id == run_id
+    assert claimed.fence.run_id == run_id

@@ -11,7 +11,7 @@ import pytest
 
 from everystep import schedule, step
 from everystep.core import retry_policy
-from everystep.engine import runner
+from everystep.engine import runner, steps
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import Step, Workflow
 from tests import workflows
@@ -133,7 +133,7 @@ def test_a_crash_during_an_unsafe_steps_wait_in_place_retries_it_on_resume(
         def sleep(seconds):
             raise SimulatedCrash("died during the wait")
 
-    monkeypatch.setattr(runner, "time", DiesWhileWaiting)
+    monkeypatch.setattr(steps, "time", DiesWhileWaiting)
     run = schedule(workflows.retried_unsafe, 1)
     assert attempt() == Workflow.Status.RUNNING
     assert (the_step(run).status, calls["charge"]) == (Step.Status.RETRYING, 1)

@@ -6,6 +6,7 @@ import logging
 import signal
 import socket
 import sys
+import threading
 import time
 
 import pytest
@@ -184,3 +185,50 @@ def test_connections_get_a_connect_timeout_keepalives_and_a_user_timeout_by_defa
     overridden = copy.deepcopy(connection.settings_dict)
     overridden.setdefault("OPTIONS", {})["connect_timeout"] = 7
     assert timeouts.harden(overridden)["OPTIONS"]["connect_timeout"] == 7
+
+
+def test_a_worker_whose_name_guard_thread_dies_drains_and_stops_saying_which(monkeypatch, caplog):
+    """A background thread that dies of a bug takes the worker down with it:
+    the worker drains (its run finishes and is recorded), releases its name
+    and `run()` raises `LoopDied` naming the thread, instead of going on
+    without its hold on the name."""
+    from everystep.worker import LoopDied, Worker, nameguard
+
+    monkeypatch.setattr(nameguard, "CHECK_INTERVAL", 0.1)
+    run = schedule(workflows.quick, 1)
+    worker = Worker(name="guarded", poll=0.05)
+    outcome = {}
+
+    def run_worker():
+        try:
+            worker.run()
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run_worker, daemon=True)
+    thread.start()
+    wait_until(lambda: statuses([run.id]) == {"completed": 1}, message="the run completed")
+
+    def broken(self, held):
+        raise RuntimeError("a bug in the name guard")
+
+    monkeypatch.setattr(nameguard.NameGuard, "_set_held", broken)
+    thread.join(30)
+    assert not thread.is_alive(), "the worker did not stop"
+    assert isinstance(outcome.get("error"), LoopDied), outcome
+    assert str(outcome["error"]) == (
+        "worker guarded: its name thread died: a bug in the name guard"
+    )
+    assert (
+        "worker guarded: its name thread died: a bug in the name guard; draining and stopping"
+        in caplog.text
+    )
+    # The name is free again: a new worker under it starts at once.
+    successor = Worker(name="guarded", poll=0.05)
+    successor_thread = threading.Thread(target=successor.run, daemon=True)
+    successor_thread.start()
+    try:
+        wait_until(lambda: successor.health()[1], timeout=10, message="the successor ready")
+    finally:
+        successor.stop()
+        successor_thread.join(30)

@@ -119,10 +119,10 @@ def test_a_run_that_dies_outside_the_runner_is_failed_and_reported_while_the_wor
     real_record = store.record_step
     broken = schedule(workflows.quick, 1)
 
-    def record_step(run, *args, **kwargs):
-        if run.workflow_id == broken.id:
+    def record_step(fence, *args, **kwargs):
+        if fence.run_id == broken.id:
             raise RuntimeError("engine bug while recording")
-        return real_record(run, *args, **kwargs)
+        return real_record(fence, *args, **kwargs)
 
     monkeypatch.setattr(store, "record_step", record_step)
     with sentry_events() as events:

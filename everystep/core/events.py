@@ -1,6 +1,6 @@
 """What happens to runs and workers, announced in one place.
 
-The runner and the worker call `announce(EVENT, **fields)` at each
+The runner and the worker call `announce(EVENT, fence, **fields)` at each
 transition — a run claimed, finished, requeued; a step recorded; the
 database lost and found again — and never log, count or trace on their own.
 `announce` calls every subscriber of the event — the metrics
@@ -9,7 +9,9 @@ reports (`everystep.observe.sentry`) hang off this seam, each subscribing a
 mapping of the events it handles to their handlers — and writes the log
 record: one message per event, with the same ``extra`` keys every time
 (``action`` and the event's fields, run ids as strings; objects meant for
-subscribers, such as an exception, kept out).
+subscribers, such as an exception, kept out). An event about a claimed run
+names its `everystep.core.fence.Fence` whole: the run's id, its workflow and
+its worker become fields of the event.
 
 A subscriber must be quick and must not raise: it runs on the engine's own
 threads. One that raises is logged and skipped, never allowed to fail a run.
@@ -128,6 +130,9 @@ EVENTS = {
         "{session_list}",
     ),
     "loop_error": Event(ERROR, "worker {worker}: error in the worker loop, retrying: {error}"),
+    "loop_died": Event(
+        ERROR, "worker {worker}: its {loop} thread died: {error}; draining and stopping"
+    ),
     "drain": Event(
         INFO, "worker {worker} draining {count} run(s): each is requeued at its next step{until}"
     ),
@@ -188,10 +193,13 @@ def _route():
     _routes = {event: tuple(handlers) for event, handlers in routes.items()}
 
 
-def announce(event, exc_info=None, **fields):
-    """Tell the subscribers about `event` and its `fields`, then log it.
-    Subscribers come first: an error reporter hooked to the logging (Sentry's
-    integration) then recognizes the record's exception as already reported."""
+def announce(event, fence=None, *, exc_info=None, **fields):
+    """Tell the subscribers about `event` and its `fields` (and those of
+    `fence`, the run it is about, if any), then log it. Subscribers come
+    first: an error reporter hooked to the logging (Sentry's integration)
+    then recognizes the record's exception as already reported."""
+    if fence is not None:
+        fields = {**fence.fields(), **fields}
     for handler in _routes.get(event, ()):
         try:
             handler(fields)

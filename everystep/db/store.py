@@ -22,6 +22,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from everystep.core import clock, registry, serde
+from everystep.core.fence import Fence
 from everystep.models import Step, Worker, Workflow
 
 RUNNING = Workflow.Status.RUNNING
@@ -30,13 +31,11 @@ SCHEDULED = Workflow.Status.SCHEDULED
 
 @dataclasses.dataclass(frozen=True)
 class ClaimedRun:
-    """A run this process now owns, with what the runner needs to execute it."""
+    """A run this process now owns: its `fence`, and what the runner needs
+    to execute it."""
 
-    id: uuid.UUID
-    name: str
+    fence: Fence
     args: list
-    claim_token: uuid.UUID
-    claimed_by: str
     #: False when the claim saw that the run has no recorded steps (its
     #: first attempt: there is nothing to load); None when it did not look.
     has_steps: bool | None = None
@@ -46,10 +45,6 @@ class ClaimedRun:
     trace_context: dict | None = None
     #: A cancel was asked of the run while an earlier claim held it.
     cancel_requested: bool = False
-
-    @property
-    def workflow_id(self):
-        return self.id
 
 
 def insert_run(name, args, idempotency_key=None, trace_context=None, run_at=None):
@@ -141,11 +136,8 @@ def claim(worker_name, limit, workflows=None, *, only_parked=False, exclude=()):
             )
     return [
         ClaimedRun(
-            id,
-            name,
+            Fence(id, name, token, worker_name),
             args,
-            token,
-            worker_name,
             has_steps=rest[0] if rest else None,
             due_at=due,
             trace_context=trace_context,
@@ -193,11 +185,8 @@ def _claim_in_one_statement(worker_name, limit, workflows, token, now):
         rows = cursor.fetchall()
     runs = [
         ClaimedRun(
-            id,
-            name,
+            Fence(id, name, token, worker_name),
             _decode_json(args),
-            token,
-            worker_name,
             has_steps,
             due_at,
             json.loads(trace_context) if isinstance(trace_context, str) else trace_context,
@@ -205,7 +194,7 @@ def _claim_in_one_statement(worker_name, limit, workflows, token, now):
         )
         for id, name, args, due_at, trace_context, cancel_requested, has_steps in rows
     ]
-    return sorted(runs, key=lambda run: run.id)
+    return sorted(runs, key=lambda run: run.fence.run_id)
 
 
 def load_outcomes(workflow_id):
@@ -229,7 +218,7 @@ def run_exists(workflow_id):
 
 
 def record_step(
-    run,
+    fence,
     step_id,
     name,
     args,
@@ -242,7 +231,7 @@ def record_step(
     despite_cancel=False,
 ):
     """Insert a step's outcome (`args`, `kwargs`, `result`, `error` already
-    JSON text, or None) after `attempts` calls, fenced on the run's claim.
+    JSON text, or None) after `attempts` calls, fenced on `fence`.
 
     Returns True when it landed, False when the fence refused it, and None
     when a row is already at this id: either this very write landed before
@@ -260,7 +249,7 @@ def record_step(
         _datetime_param(db, started_at),
         _finished_at_param(db, status),
         attempts,
-        *_fence_params(db, run, despite_cancel),
+        *_fence_params(db, fence, despite_cancel),
     ]
     try:
         return _execute(db, _step_statements(db.vendor).insert, params) == 1
@@ -268,7 +257,9 @@ def record_step(
         return None
 
 
-def update_step(run, step_id, from_status, status, result, error, attempts=1, despite_cancel=False):
+def update_step(
+    fence, step_id, from_status, status, result, error, attempts=1, despite_cancel=False
+):
     """Turn a step's row in `from_status` (``started``, or ``retrying``)
     into `status` with `result` and `error` (JSON text, or None) after
     `attempts` calls, in place, fenced. Returns whether it landed."""
@@ -279,10 +270,10 @@ def update_step(run, step_id, from_status, status, result, error, attempts=1, de
         error,
         _finished_at_param(db, status),
         attempts,
-        _uuid_param(db, run.workflow_id),
+        _uuid_param(db, fence.run_id),
         step_id,
         from_status,
-        *_fence_params(db, run, despite_cancel),
+        *_fence_params(db, fence, despite_cancel),
     ]
     return _execute(db, _step_statements(db.vendor).update, params) == 1
 
@@ -327,41 +318,41 @@ def transition(run_ids, from_status, to_status, *, fenced_on=None, **fields):
     return runs.update(status=to_status, **fields)
 
 
-def move_claimed(run, to_status, **fields):
-    """Move the claimed `run` out of ``running``, fenced on its claim.
+def move_claimed(fence, to_status, **fields):
+    """Move the claimed run out of ``running``, fenced on `fence`.
     Returns whether it landed."""
-    moved = transition([run.workflow_id], RUNNING, to_status, fenced_on=run.claim_token, **fields)
+    moved = transition([fence.run_id], RUNNING, to_status, fenced_on=fence.claim_token, **fields)
     return moved == 1
 
 
-def has_moved(run, to_status):
-    """Whether a fenced move of `run` to `to_status` is what the store
+def has_moved(fence, to_status):
+    """Whether a fenced move of the run to `to_status` is what the store
     shows: after a write whose reply was lost, it tells whether it landed."""
     return Workflow.objects.filter(
-        id=run.workflow_id, status=to_status, claim_token=run.claim_token
+        id=fence.run_id, status=to_status, claim_token=fence.claim_token
     ).exists()
 
 
-def cancel_asked(run):
-    """Whether `run` is still held under its claim with a cancel asked of
+def cancel_asked(fence):
+    """Whether the run is still held under `fence` with a cancel asked of
     it: why a step's fenced write was refused, if it was not a lost claim."""
     return Workflow.objects.filter(
-        id=run.workflow_id,
+        id=fence.run_id,
         status=RUNNING,
-        claim_token=run.claim_token,
+        claim_token=fence.claim_token,
         cancel_requested_at__isnull=False,
     ).exists()
 
 
-def step_recorded(run, step_id, status):
-    """Whether the step `step_id` of `run` is recorded with `status` while
-    the run is still this claim's: a lost reply's write had landed."""
+def step_recorded(fence, step_id, status):
+    """Whether the step `step_id` is recorded with `status` while the run
+    is still held under `fence`: a lost reply's write had landed."""
     return Step.objects.filter(
-        workflow_id=run.workflow_id,
+        workflow_id=fence.run_id,
         step_id=step_id,
         status=status,
         workflow__status=RUNNING,
-        workflow__claim_token=run.claim_token,
+        workflow__claim_token=fence.claim_token,
     ).exists()
 
 
@@ -391,11 +382,11 @@ def requeue_runs(run_ids=None, *, claimed_by=None):
     return ids
 
 
-def _fence_params(db, run, despite_cancel=False):
+def _fence_params(db, fence, despite_cancel=False):
     return [
-        _uuid_param(db, run.workflow_id),
+        _uuid_param(db, fence.run_id),
         RUNNING,
-        _uuid_param(db, run.claim_token),
+        _uuid_param(db, fence.claim_token),
         despite_cancel,
     ]
 

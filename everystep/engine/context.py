@@ -2,8 +2,9 @@
 
 The runner sets a `Context` on the thread that runs a workflow body and
 clears it when the body returns; `parallel()` gives each branch thread a
-child context. Everything a run's contexts share — its identity, its claim,
-the outcome store and the draining flag — lives in one `RunState`; each
+child context. Everything a run's contexts share — its fence (which run,
+under which claim), the outcome store and the draining flag — lives in one
+`RunState`; each
 context owns only its scope: an id prefix, a counter and the names used.
 
 The outcome store is a plain dict read and written from several branch
@@ -14,8 +15,8 @@ do plain lookups: atomic under CPython's GIL, so no lock is needed.
 import dataclasses
 import re
 import threading
-import uuid
 
+from everystep.core.fence import Fence
 from everystep.errors import EverystepError
 
 MAX_STEP_ID_LENGTH = 300
@@ -55,12 +56,10 @@ class activated(_on_this_thread):
 
 @dataclasses.dataclass(eq=False)
 class RunState:
-    """What all contexts of one run attempt share."""
+    """What all contexts of one run attempt share: the claim's `fence`
+    (`everystep.core.fence.Fence`), held as the claim made it."""
 
-    workflow_id: uuid.UUID
-    workflow_name: str
-    claim_token: uuid.UUID | None
-    worker: str | None = None
+    fence: Fence
     outcomes: dict = dataclasses.field(default_factory=dict)
     #: Step id → calls made so far, for the steps a retry policy called again.
     attempts: dict = dataclasses.field(default_factory=dict)
@@ -91,11 +90,11 @@ class Context:
 
     @property
     def workflow_id(self):
-        return self.run.workflow_id
+        return self.run.fence.run_id
 
     @property
     def workflow_name(self):
-        return self.run.workflow_name
+        return self.run.fence.workflow
 
     @property
     def outcomes(self):

@@ -133,7 +133,7 @@ def _claim(fields):
     now = time.time()
     for run in fields["runs"]:
         if run.due_at is not None:
-            PICKUP_DELAY.labels(run.name).observe(max(0.0, now - run.due_at.timestamp()))
+            PICKUP_DELAY.labels(run.fence.workflow).observe(max(0.0, now - run.due_at.timestamp()))
 
 
 def _attempt_ended(fields):

@@ -19,7 +19,7 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
 
-from everystep.control.actions import actions
+from everystep.control import actions
 from everystep.control.resolve import resolve_step
 from everystep.db import operations
 from everystep.errors import EverystepError

@@ -1,12 +1,14 @@
 """One worker process: a short orchestrator (`orchestrator.Worker`) over
-the pool that executes claimed runs (`pool`), the wake-ups (`wakeup`), the
+the claim turn (`claimer`), the pool that executes and reaps claimed runs
+(`pool`), the wake-ups (`wakeup`), the state it shows (`presence`), the
 hold on its name (`nameguard`), the stop and its drain (`shutdown`), its
-HTTP endpoint (`endpoint`) and its options, each defined once (`options`).
+background threads (`loops`), its HTTP endpoint (`endpoint`), the setup of
+its process (`process`) and its options, each defined once (`options`).
 
 May import: `engine`, `control`, `observe` and everything below them.
 
-The public names: `Worker`, `WorkerOptions`, and the errors a start can
-end with, `NameHeld` and `NameLost`.
+The public names: `Worker`, `WorkerOptions`, and the errors a run can end
+with, `NameHeld`, `NameLost` and `LoopDied`.
 """
 
 import importlib
@@ -16,6 +18,7 @@ _NAMES = {
     "WorkerOptions": "everystep.worker.options",
     "NameHeld": "everystep.worker.nameguard",
     "NameLost": "everystep.db.namelock",
+    "LoopDied": "everystep.worker.loops",
 }
 
 __all__ = list(_NAMES)

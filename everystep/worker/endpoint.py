@@ -14,7 +14,6 @@ database query of its own for the probes: it reads the worker's state.
 """
 
 import socket
-import threading
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from django.db import connections
@@ -37,9 +36,9 @@ class Endpoint:
         self.port = port
         self.health = health
         self._server = None
-        self._thread = None
 
-    def start(self):
+    def start(self, loops):
+        """Listen, and serve on a thread of `loops` (`everystep.worker.loops.Loops`)."""
         server_class = _server_class(self.bind, self.port)
         try:
             self._server = make_server(
@@ -50,10 +49,7 @@ class Endpoint:
             raise ConfigurationError(
                 f"cannot serve metrics on {self.bind}:{self.port}: {reason}"
             ) from None
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="everystep-endpoint", daemon=True
-        )
-        self._thread.start()
+        loops.start("endpoint", self._server.serve_forever)
 
     def stop(self):
         if self._server is not None:

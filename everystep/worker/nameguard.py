@@ -45,7 +45,7 @@ class NameGuard:
         self._on_change = on_change
         self._held = threading.Event()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="everystep-name", daemon=True)
+        self._thread = None
 
     @property
     def held(self):
@@ -89,15 +89,16 @@ class NameGuard:
             if stopped.wait(0.2):
                 return False
 
-    def start(self):
-        """Start keeping the acquired lock on the guard's thread."""
-        self._thread.start()
+    def start(self, loops):
+        """Start keeping the acquired lock on the guard's own thread, as
+        `loops` (`everystep.worker.loops.Loops`)."""
+        self._thread = loops.start("name", self._run)
 
     def stop(self, timeout):
         """Stop checking and release the lock (on the guard's thread, which
         owns its connection); wait up to `timeout` seconds for that."""
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout)
         else:
             self.lock.release()

@@ -1,4 +1,12 @@
-"""How a worker is asked to stop, and the promise that stopping never hangs.
+"""How a worker is asked to stop, how it drains, and the promise that
+stopping never hangs.
+
+Stopping is lossless: no new run is claimed, each in-flight step finishes
+and is recorded, and each run is requeued at its next step boundary so any
+worker can resume it. After ``drain`` seconds (0: never) whatever is still
+running is requeued too; a worker that exits while the database is out of
+reach leaves its runs parked under its name for its next start, and says
+which.
 
 The first SIGTERM or SIGINT (or `Worker.stop()`) asks for a drain; a second
 one hurries it. A standalone worker (one whose loop owns the main thread,
@@ -9,24 +17,39 @@ still not returned — a database that went silent under a blocked call —
 """
 
 import logging
+import os
 import signal
+import sys
 import threading
+import time
+
+from everystep.core import command_names, events
+from everystep.engine import runner
+from everystep.models import Worker as WorkerRow
+from everystep.resilience import outage
 
 logger = logging.getLogger(__name__)
 
 EXIT_GRACE = 8.0  # seconds past the drain time before a standalone worker exits regardless
+REQUEUE_GRACE = 5.0  # seconds to keep trying to requeue at exit when the database is down
 
 
 class Shutdown:
-    """The stop and hurry requests of one worker; `wake` is called on each."""
+    """The stop and hurry requests of the worker of `options`, and its
+    drain; `wake` is called on each request."""
 
-    def __init__(self, worker_name, wake):
-        self.worker_name = worker_name
+    def __init__(self, options, wake):
+        self.worker_name = options.name
+        self._drain_seconds = options.drain
         self.requested = threading.Event()
         self.hurried = threading.Event()
+        self.abandoned = False  # runs were left executing when the drain ended
+        self.drained = False
         self._wake = wake
         self._deadline = None  # (seconds, on_deadline) once armed
         self._timer = None
+        self._stopped_announced = False
+        self._pool = None  # the pool whose runs an exit at the deadline names
 
     def request(self):
         """Ask for a drain; a second request hurries it."""
@@ -40,14 +63,16 @@ class Shutdown:
             self._timer.start()
         self._wake()
 
-    def install_signal_handlers(self, drain, on_deadline):
+    def install_signal_handlers(self, pool):
         """On the main thread only, make SIGTERM and SIGINT call `request`
-        and arm the exit deadline (none when `drain` is 0: wait forever).
+        and arm the exit deadline (none when the drain time is 0: wait
+        forever), at which the runs of `pool` still in flight are named.
         Returns the undo, which also disarms the deadline."""
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
-        if drain:
-            self._deadline = (drain + EXIT_GRACE, on_deadline)
+        self._pool = pool
+        if self._drain_seconds:
+            self._deadline = (self._drain_seconds + EXIT_GRACE, self._exit_now)
 
         def on_signal(signum, frame):
             logger.info(
@@ -69,3 +94,78 @@ class Shutdown:
             self._deadline = None
 
         return undo
+
+    def drain(self, pool, presence, wakeup):
+        """Stop new steps, wait for the runs of `pool` to end at their next
+        step boundary (or the drain time), then requeue what is left."""
+        pool.draining.set()
+        presence.report(WorkerRow.State.DRAINING)
+        seconds = self._drain_seconds
+        deadline_at = None if seconds == 0 else time.monotonic() + seconds
+        if pool.in_flight:
+            events.announce(
+                "drain",
+                worker=self.worker_name,
+                count=len(pool.in_flight),
+                until="" if deadline_at is None else f", or in {seconds}s at the latest",
+            )
+        while True:
+            presence.turn_due_in(0.5)
+            wakeup.clear()
+            pool.reap()
+            if not pool.in_flight or self.hurried.is_set():
+                break
+            remaining = None if deadline_at is None else deadline_at - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            wakeup.wait(0.5 if remaining is None else min(remaining, 0.5))
+        if pool.in_flight:
+            self._requeue_leftovers(pool)
+        self.drained = True
+
+    def announce_stopped(self):
+        """Say once that the worker stopped."""
+        if not self._stopped_announced:
+            self._stopped_announced = True
+            events.announce("worker_stopped", worker=self.worker_name)
+
+    def _requeue_leftovers(self, pool):
+        """Requeue the runs still executing at the deadline; if the database
+        is unreachable, say which runs stay parked under this name."""
+        self.abandoned = True
+        give_up = time.monotonic() + REQUEUE_GRACE
+        parked = []
+        for job in list(pool.in_flight.values()):
+            run_id = job.claimed.fence.run_id
+            if outage.tracker.since is not None or time.monotonic() > give_up:
+                parked.append(run_id)
+                continue
+            try:
+                runner.requeue_claimed(job.claimed, should_stop=lambda: time.monotonic() > give_up)
+            except Exception:  # noqa: BLE001 - reported below
+                parked.append(run_id)
+        if parked:
+            self._announce_parked(parked)
+
+    def _announce_parked(self, run_ids):
+        events.announce(
+            "runs_parked",
+            worker=self.worker_name,
+            requeue=command_names.command("requeue"),
+            run_list=", ".join(str(run_id) for run_id in run_ids),
+            run_ids=list(run_ids),
+        )
+
+    def _exit_now(self):
+        """The last-resort deadline of a standalone worker: a database call
+        still blocks the drain. Name the runs left parked and exit."""
+        if not self._stopped_announced:
+            parked = [] if self.drained else list(self._pool.in_flight.copy())
+            if parked:
+                self._announce_parked(parked)
+            self.announce_stopped()
+        for handler in logging.getLogger().handlers + logging.getLogger("everystep").handlers:
+            handler.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

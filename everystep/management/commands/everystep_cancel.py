@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from everystep.control.actions import actions
+from everystep.control import actions
 from everystep.errors import EverystepError
 from everystep.models import Workflow
 

@@ -1,4 +1,3 @@
-import dataclasses
 import logging
 import os
 import sys
@@ -9,8 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from everystep.core import events
 from everystep.errors import ConfigurationError
 from everystep.observe import logs
-from everystep.worker import options
-from everystep.worker.orchestrator import NameHeld, NameLost, Worker
+from everystep.worker import LoopDied, NameHeld, NameLost, Worker, options
 
 
 class Command(BaseCommand):
@@ -37,11 +35,13 @@ class Command(BaseCommand):
             raise CommandError(str(exc), returncode=2) from None
         if not flags.get("name") and options.unstable_name(os.environ):
             events.announce("name_unstable", worker=resolved.name)
-        worker = Worker(**dataclasses.asdict(resolved))
+        worker = Worker(resolved)
         try:
             worker.run()
         except (NameHeld, NameLost, ConfigurationError) as exc:
             raise CommandError(str(exc), returncode=2) from None
+        except LoopDied as exc:
+            raise CommandError(str(exc)) from None
         if worker.abandoned:
             # Steps still running on daemon threads were requeued; exit now
             # rather than let interpreter shutdown interrupt them mid-write.

@@ -1,0 +1,19 @@
+"""What a worker sets up once for its whole process, before it starts: the
+deadline on the engine's database operations, the hardened connection
+settings, and the subscribers that observe it (metrics, Sentry, tracing).
+Each is idempotent: a process that runs a worker again sets them again.
+"""
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from everystep.observe import metrics, sentry, tracing
+from everystep.resilience import deadline, timeouts
+
+
+def prepare(options):
+    """Set up this process for a worker with `options` (`WorkerOptions`)."""
+    deadline.seconds = options.db_deadline
+    timeouts.harden(connections[DEFAULT_DB_ALIAS].settings_dict)
+    metrics.install()
+    sentry.install()
+    tracing.install()
