@@ -97,9 +97,7 @@ def step(
         steps.refuse_inside_transaction("a step")
 
         step_id = ctx.next_step_id(everystep_id)
-        return steps.run_step(
-            ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, policy
-        )
+        return steps.run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, policy)
 
     recorded.__everystep_step__ = name
     return recorded
@@ -148,9 +146,7 @@ def parallel(*branches, everystep_id=None):
                 _close_thread_connections()
 
     if recording:
-        events.announce(
-            "fork_started", parent.run.fence, fork_id=fork_id, count=len(branches)
-        )
+        events.announce("fork_started", parent.run.fence, fork_id=fork_id, count=len(branches))
     try:
         if context.host_transaction() is not None:
             # Inside a test's transaction, which only this thread's
@@ -199,11 +195,11 @@ def schedule(workflow_func, *args, idempotency_key=None, run_at=None, delay=None
         raise EverystepError("idempotency_key must be a non-empty string of at most 255 characters")
     due = clock.due_time(run_at, delay)
     from everystep.core import serde
-    from everystep.db import store
+    from everystep.db import runs
     from everystep.observe import tracing
 
     serde.to_json(list(args))  # refuse bad arguments before touching the database
-    return store.insert_run(name, list(args), idempotency_key, tracing.current_context(), due)
+    return runs.insert_run(name, list(args), idempotency_key, tracing.current_context(), due)
 
 
 async def aschedule(workflow_func, *args, idempotency_key=None, run_at=None, delay=None):

@@ -28,7 +28,7 @@ import datetime
 from django.db import connections
 
 from everystep.core import clock, registry
-from everystep.db import store
+from everystep.db import runs
 from everystep.engine import context, runner
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import Workflow
@@ -71,19 +71,19 @@ def run_scheduled(*, until=None, max_attempts=1000):
         runner.execute(claimed)
 
     with _in_this_transaction(), _clock_that_jumps() as jump_to:
-        for claimed in store.claim(WORKER, max_attempts, only_parked=True):
+        for claimed in runs.claim(WORKER, max_attempts, only_parked=True):
             attempt(claimed)
         while True:
-            claimed = store.claim(WORKER, 1)
+            claimed = runs.claim(WORKER, 1)
             if claimed:
                 attempt(claimed[0])
                 continue
-            due = store.next_due() if horizon is not None else None
+            due = runs.next_due() if horizon is not None else None
             if due is None or due > horizon or due <= clock.now():
                 break  # nothing more comes due, or what is due is locked elsewhere
             jump_to(due)
-    runs = Workflow.objects.in_bulk(list(order))
-    return [runs[run_id] for run_id in order if run_id in runs]
+    ran = Workflow.objects.in_bulk(list(order))
+    return [ran[run_id] for run_id in order if run_id in ran]
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ import traceback
 from everystep_runtime.errors import Failure, UsageError
 from everystep_runtime.interpreter import mismatch
 
+from everystep.control.arguments import COMMANDS
 from everystep.core import clock
 from everystep.errors import EverystepError
 from everystep.worker import options
@@ -130,43 +131,10 @@ def build_parser():
     show.add_argument("run_id")
     show.add_argument("--json", action="store_true", help="one JSON object")
 
-    resolve = commands.add_parser("resolve-step", help="resolve a blocked run's uncertain step")
-    resolve.add_argument("run_id")
-    resolve.add_argument("step_id")
-    how = resolve.add_mutually_exclusive_group(required=True)
-    how.add_argument("--result", help="the step succeeded with this JSON result")
-    how.add_argument("--error", help="the step failed with this message")
-    how.add_argument(
-        "--discard", action="store_true", help="the step never took effect: run it again"
-    )
-
-    requeue = commands.add_parser("requeue", help="put parked running runs back to scheduled")
-    requeue.add_argument("run_ids", nargs="*", metavar="RUN_ID")
-    requeue.add_argument(
-        "--claimed-by", metavar="NAME", help="every run parked under this worker name"
-    )
-
-    cancel = commands.add_parser(
-        "cancel",
-        help="cancel a run: scheduled or blocked at once, running at its next step boundary",
-    )
-    cancel.add_argument("run_id", metavar="RUN_ID")
-    cancel.add_argument("--reason", help="why, kept as the run's error")
-
-    retry = commands.add_parser(
-        "retry", help="schedule a failed run again: done steps replay, failed ones run again"
-    )
-    retry.add_argument("run_id", metavar="RUN_ID")
-
-    schedules = commands.add_parser(
-        "schedules", help="the cron workflows, their next tick and their latest tick's run"
-    )
-    schedules.add_argument("--json", action="store_true", help="one JSON array")
-
-    workers = commands.add_parser(
-        "workers", help="the workers that have run on this database, live ones first"
-    )
-    workers.add_argument("--json", action="store_true", help="one JSON array")
+    for command in COMMANDS.values():
+        command.add_arguments(
+            commands.add_parser(command.name, help=command.summary, description=command.help)
+        )
 
     ui = commands.add_parser(
         "ui",
@@ -215,7 +183,12 @@ def main(argv=None):
 
         env = setup.read_environment(os.environ)
         setup.configure(env, args.command)
-        code = getattr(commands, args.command.replace("-", "_"))(env, args)
+        if args.command in COMMANDS:
+            # Parsed again, by the management command, with the same definition.
+            args.command_argv = argv[argv.index(args.command) + 1 :]
+            code = commands.operate(env, args)
+        else:
+            code = getattr(commands, args.command.replace("-", "_"))(env, args)
     except UsageError as exc:
         _fail(exc, 2)
     except Failure as exc:

@@ -6,7 +6,6 @@ import os
 import signal
 import sys
 import textwrap
-import uuid
 
 from django.core.management import CommandError, call_command
 from everystep_runtime.errors import Failure, UsageError
@@ -59,7 +58,7 @@ def schedule(env, args):
 def runs(env, args):
     """The newest runs first, filtered as the UI's runs page filters them;
     ``--json`` prints the runs as its API gives them."""
-    from everystep.db import operations
+    from everystep.db import reads
     from everystep.errors import EverystepError
 
     if args.workflow and "." not in args.workflow:
@@ -68,17 +67,17 @@ def runs(env, args):
             f"(runs of workflows no longer deployed are listed too)"
         )
     try:
-        run_filter = operations.RunFilter(
+        run_filter = reads.RunFilter(
             status=args.status,
             workflow=args.workflow,
             worker=args.worker,
             created_after=_since(args.since) if args.since else None,
         )
-        rows = operations.runs_page(run_filter, size=args.limit).runs
+        rows = reads.runs_page(run_filter, size=args.limit).runs
     except EverystepError as exc:
         raise UsageError(str(exc)) from None
     if args.json:
-        _print_json(operations.listed(rows))
+        _print_json(reads.listed(rows))
         return
     for run in rows:
         print(
@@ -110,18 +109,18 @@ def _since(text):
 
 
 def show(env, args):
-    from everystep.db import operations
+    from everystep.db import reads
     from everystep.errors import EverystepError
 
     try:
-        run, steps = operations.run_with_steps(_run_id(args.run_id))
+        run, steps = reads.run_with_steps(_run_id(args.run_id))
     except EverystepError as exc:
         raise Failure(str(exc)) from None
-    steps = [operations.step_fields(step) for step in steps]
+    steps = [reads.step_fields(step) for step in steps]
     if args.json:
         _print_json(
             {
-                **operations.run_fields(run),
+                **reads.run_fields(run),
                 "args": run.args,
                 "result": run.result,
                 "error": run.error,
@@ -150,32 +149,13 @@ def show(env, args):
         print(textwrap.indent(run.error["traceback"].rstrip(), "    "))
 
 
-def resolve_step(env, args):
-    given = {"result": args.result, "error": args.error, "discard": args.discard or None}
-    options = {key: value for key, value in given.items() if value is not None}
-    _call("everystep_resolve_step", args.run_id, args.step_id, **options)
+def operate(env, args):
+    """An operator command (`everystep.control.arguments`): its management
+    command, given the arguments as typed, which it parses with the same
+    definition."""
+    from everystep.control.arguments import COMMANDS
 
-
-def requeue(env, args):
-    _call("everystep_requeue", *args.run_ids, claimed_by=args.claimed_by)
-
-
-def cancel(env, args):
-    _call("everystep_cancel", args.run_id, reason=args.reason)
-
-
-def retry(env, args):
-    _call("everystep_retry", args.run_id)
-
-
-def schedules(env, args):
-    """The `everystep_schedules` management command."""
-    _call("everystep_schedules", json=args.json)
-
-
-def workers(env, args):
-    """The `everystep_workers` management command: the same table and JSON."""
-    _call("everystep_workers", json=args.json)
+    _call(COMMANDS[args.command].django_name, *args.command_argv)
 
 
 def ui(env, args):
@@ -279,10 +259,12 @@ def manage(env, args):
 
 
 def _call(command, *args, **options):
+    """Call a management command; its error's status decides ours: 2 (bad
+    input, a refusal) is a usage error, anything else a failure."""
     try:
         call_command(command, *args, **options)
     except CommandError as exc:
-        if exc.returncode == 2 or command == "everystep_resolve_step":
+        if exc.returncode == 2:
             raise UsageError(str(exc)) from None
         raise Failure(str(exc)) from None
 
@@ -302,9 +284,9 @@ def _settings_secrets():
 def _print_unclaimable():
     """Say which scheduled runs no live worker can claim: their workflow is in
     no live worker's process (a deploy in progress, a module missing)."""
-    from everystep.db import operations
+    from everystep.db import reads
 
-    for name, count in sorted(operations.unclaimable().items()):
+    for name, count in sorted(reads.unclaimable().items()):
         print(f"waiting:    {count} scheduled run(s) of {name}: no live worker has this workflow")
 
 
@@ -346,10 +328,14 @@ def _migrate_or_refuse():
 
 
 def _run_id(text):
+    """A run id typed on the command line; a usage error otherwise."""
+    from everystep.core import ids
+    from everystep.errors import EverystepError
+
     try:
-        return uuid.UUID(text)
-    except ValueError:
-        raise UsageError(f"{text!r} is not a run id") from None
+        return ids.parse_run_id(text)
+    except EverystepError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _json_arguments(texts):

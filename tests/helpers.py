@@ -10,9 +10,9 @@ WORKER = "tests"
 
 def claim_one(worker=WORKER, *, parked=False):
     """Claim exactly one run (the test's) and return it."""
-    from everystep.db import store
+    from everystep.db import runs
 
-    claimed = store.claim(worker, 1, only_parked=parked)
+    claimed = runs.claim(worker, 1, only_parked=parked)
     assert len(claimed) == 1, f"expected one run to claim, got {claimed}"
     return claimed[0]
 
@@ -80,10 +80,10 @@ def lost_worker(name):
 
     from django.utils import timezone
 
-    from everystep.db import store
+    from everystep.db import workers
     from everystep.models import Worker
 
-    store.worker_started(name, 4, ["tests.workflows.quick"])
+    workers.started(name, 4, ["tests.workflows.quick"])
     Worker.objects.filter(name=name).update(
         heartbeat_at=timezone.now() - datetime.timedelta(seconds=Worker.LOST_AFTER + 5)
     )

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from everystep.db import store
+from everystep.db import runs
 from everystep.models import Workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,7 +39,7 @@ def fill(finished, *others):
 def test_the_claim_seeks_through_the_scheduled_index_past_many_finished_runs():
     fill({"name": "w", "status": "completed"}, *[Workflow(name="w") for _ in range(5)])
     assert "everystep_workflow_scheduled" in plan(CLAIM_READ)
-    assert len(store.claim("indexed", 8, ["w", "v"])) == 5
+    assert len(runs.claim("indexed", 8, ["w", "v"])) == 5
 
 
 def test_the_catchup_reads_an_index_of_running_runs_by_name():
@@ -52,7 +52,7 @@ def test_the_catchup_reads_an_index_of_running_runs_by_name():
         "AND name IN ('w')"
     )
     assert "everystep_workflow_claimed_by" in plan(catchup)
-    assert len(store.claim("w-0", 8, ["w"], only_parked=True)) == 1
+    assert len(runs.claim("w-0", 8, ["w"], only_parked=True)) == 1
 
 
 @pytest.mark.backends("postgres")
@@ -61,9 +61,9 @@ def test_a_prepared_claim_keeps_its_generic_plan_with_many_runs_due_later():
     claim afresh: the prepared claim's generic plan is the one it runs."""
     later = timezone.now() + datetime.timedelta(days=1)
     fill({"name": "w", "run_at": later}, Workflow(name="w"))
-    assert len(store.claim("generic", 8, ["w"])) == 1
+    assert len(runs.claim("generic", 8, ["w"])) == 1
     for _ in range(12):  # prepared on the 5th, generic plan from the 6th run on
-        assert store.claim("generic", 8, ["w"]) == []
+        assert runs.claim("generic", 8, ["w"]) == []
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT generic_plans FROM pg_prepared_statements "

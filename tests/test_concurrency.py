@@ -6,7 +6,6 @@ import pytest
 from django.db import connections
 
 from everystep import schedule
-from everystep.db import store
 from everystep.engine import runner
 from everystep.models import Workflow
 from tests import workflows
@@ -16,7 +15,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_many_runs_executing_concurrently_never_mix_contexts_or_step_ids():
     runs = {schedule(workflows.whoami, f"tag-{i}").id: f"tag-{i}" for i in range(40)}
-    claimed = store.claim("tests", len(runs))
+    claimed = runs.claim("tests", len(runs))
     assert {c.id for c in claimed} == set(runs)
 
     def execute(one):

@@ -7,7 +7,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from everystep import schedule
-from everystep.control.resolve import resolve_step
+from everystep.control.actions import resolve_step
 from everystep.core import serde
 from everystep.engine import runner
 from everystep.errors import EffectUncertain, EverystepError

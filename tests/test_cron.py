@@ -15,7 +15,7 @@ from django.core.management import call_command
 
 from everystep import workflow
 from everystep.core import cron, registry
-from everystep.db import store
+from everystep.db import runs
 from everystep.errors import EverystepError
 from everystep.models import Workflow
 from tests.helpers import wait_until
@@ -46,7 +46,7 @@ def at(moment):
 def schedule_ticks(ticker, now):
     """What a worker's turn does: insert the run of each tick come."""
     for schedule, tick in ticker.due(now):
-        store.insert_tick(schedule.workflow, cron.tick_key(tick), tick)
+        runs.insert_tick(schedule.workflow, cron.tick_key(tick), tick)
         ticker.scheduled(schedule, tick)
 
 

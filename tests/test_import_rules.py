@@ -51,7 +51,7 @@ def test_every_module_of_the_library_is_seen():
     sources = {imp.source for imp in found}
     for module in (
         "everystep.core.serde",
-        "everystep.db.store",
+        "everystep.db.runs",
         "everystep.engine.runner",
         "everystep.worker.orchestrator",
     ):
@@ -59,21 +59,21 @@ def test_every_module_of_the_library_is_seen():
     lazy = [
         imp
         for imp in found
-        if imp.source == "everystep.api" and imp.target == "everystep.engine.runner"
+        if imp.source == "everystep.api" and imp.target == "everystep.engine.steps"
     ]
-    assert lazy, "api imports the runner inside its functions"
+    assert lazy, "api imports the steps inside its functions"
 
 
 def test_a_lazy_import_of_a_higher_layer_is_refused(copy):
     _append(
         copy / "everystep/core/serde.py",
-        "def _misplaced():\n    from everystep.db import store\n    return store",
+        "def _misplaced():\n    from everystep.db import runs\n    return runs",
     )
     wrong = importrules.layer_violations(importrules.imports(copy))
     assert (
         len(wrong) == 1
         and wrong[0].startswith("everystep.core.serde:")
-        and "everystep.db.store" in wrong[0]
+        and "everystep.db.runs" in wrong[0]
     )
 
 
@@ -86,7 +86,7 @@ def test_engine_control_and_observe_never_import_each_other(copy):
 def test_a_name_loaded_lazily_from_the_package_counts_as_its_module(copy):
     """``from everystep import schedule`` in a low layer imports the API."""
     _append(
-        copy / "everystep/db/store.py",
+        copy / "everystep/db/runs.py",
         "def _misplaced():\n    from everystep import schedule\n    return schedule",
     )
     wrong = importrules.layer_violations(importrules.imports(copy))

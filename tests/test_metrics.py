@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 
 from everystep import schedule
-from everystep.db import store
+from everystep.db import reads
 from everystep.models import Workflow
 from everystep.observe import metrics
 from tests import workflows
@@ -332,12 +332,12 @@ def test_the_queue_gauges_read_only_unfinished_runs_with_a_million_finished_ones
     assert Workflow.objects.count() == MILLION + 7
 
     with CaptureQueriesContext(connection) as queries:
-        store.queue_state()  # also warms the caches after the bulk load
+        reads.queue_state()  # also warms the caches after the bulk load
     assert len(queries) == 3
     for query in queries:
         assert_read_from_an_unfinished_runs_index(query["sql"])
-    fastest = min(_timed(store.queue_state) for _ in range(5))
-    state = store.queue_state()
+    fastest = min(_timed(reads.queue_state) for _ in range(5))
+    state = reads.queue_state()
     assert (state.pending, state.running, state.blocked) == (5, 1, 1)
     print(f"queue gauges with {MILLION:,} finished runs: {fastest * 1000:.1f} ms")
     assert fastest < 0.050, f"the queue read took {fastest * 1000:.0f} ms"
@@ -351,7 +351,7 @@ def _timed(func):
 
 EXPLAIN = {"postgresql": "EXPLAIN ", "mysql": "EXPLAIN ", "sqlite": "EXPLAIN QUERY PLAN "}
 # Indexes that hold only the unfinished runs (on MariaDB/MySQL, the claim's,
-# led by the status); SQLite is told which (store._queue_index).
+# led by the status); SQLite is told which (reads._queue_index).
 QUEUE_INDEXES = {
     "postgresql": (
         "everystep_workflow_scheduled",

@@ -8,7 +8,8 @@ import pytest
 from django.utils import timezone
 
 from everystep import schedule
-from everystep.db import operations
+from everystep.control import actions
+from everystep.db import reads, workers
 from everystep.errors import EverystepError
 from everystep.models import Worker, Workflow
 from tests import workflows
@@ -26,20 +27,20 @@ def test_a_worker_records_itself_its_workflows_and_its_state(embedded_worker):
     )
     assert (row.pid, row.pool_size) == (os.getpid(), 3)
     assert workflows.quick.__everystep_workflow__ in row.workflows
-    assert list(operations.live_workers().values_list("name", flat=True)) == ["recorded"]
+    assert list(workers.live_workers().values_list("name", flat=True)) == ["recorded"]
     stop_embedded(worker)
     row.refresh_from_db()
     assert row.state == "stopped" and row.stopped_at is not None
-    assert not operations.live_workers().exists()
+    assert not workers.live_workers().exists()
 
 
 def test_runs_of_a_workflow_no_live_worker_has_are_listed_as_unclaimable(embedded_worker):
     worker = embedded_worker(name="older-deploy")
-    wait_until(lambda: operations.live_workers().exists(), message="a live worker")
+    wait_until(lambda: workers.live_workers().exists(), message="a live worker")
     newer = Workflow.objects.create(name="newer.module.workflow", args=[1])
     known = schedule(workflows.quick, 2)
     wait_until(lambda: Workflow.objects.get(id=known.id).status == "completed")
-    assert operations.unclaimable() == {"newer.module.workflow": 1}
+    assert reads.unclaimable() == {"newer.module.workflow": 1}
     assert Workflow.objects.get(id=newer.id).status == "scheduled"  # waits, never fails
 
     stop_embedded(worker)
@@ -47,21 +48,21 @@ def test_runs_of_a_workflow_no_live_worker_has_are_listed_as_unclaimable(embedde
     lost = timezone.now() - datetime.timedelta(seconds=Worker.LOST_AFTER + 1)
     Worker.objects.filter(name="older-deploy").update(state="ready", heartbeat_at=lost)
     waiting = schedule(workflows.quick, 3)
-    assert not operations.live_workers().exists()
-    assert operations.unclaimable() == {"newer.module.workflow": 1, waiting.name: 1}
+    assert not workers.live_workers().exists()
+    assert reads.unclaimable() == {"newer.module.workflow": 1, waiting.name: 1}
 
 
 def test_requeue_is_refused_while_the_worker_is_alive_and_holds_its_name(embedded_worker):
     parked = park(workflows.quick, 1, worker="alive")
     worker = embedded_worker(name="alive", catchup=False)
     wait_until(lambda: Worker.objects.filter(name="alive", state="ready").exists())
-    with pytest.raises(operations.WorkerAlive, match="'alive' is alive"):
-        operations.requeue(claimed_by="alive")
-    with pytest.raises(operations.WorkerAlive):
-        operations.requeue([str(parked.id)])
+    with pytest.raises(actions.WorkerAlive, match="'alive' is alive"):
+        actions.requeue(claimed_by="alive")
+    with pytest.raises(actions.WorkerAlive):
+        actions.requeue([str(parked.id)])
     stop_embedded(worker)
 
-    assert operations.requeue(claimed_by="alive") == [parked.id]
+    assert actions.requeue(claimed_by="alive") == [parked.id]
     parked.refresh_from_db()
     assert (parked.status, parked.claimed_by) == ("scheduled", None)
 
@@ -76,7 +77,7 @@ def test_requeue_refuses_a_run_claimed_by_another_worker_while_it_took_the_names
 
     parked = park(workflows.quick, 1, worker="dead")
     other = park(workflows.quick, 2, worker="dead")
-    taking_the_lock = operations._holding_name
+    taking_the_lock = actions._holding_name
 
     @contextlib.contextmanager
     def meanwhile_claimed_elsewhere(name):
@@ -84,11 +85,11 @@ def test_requeue_refuses_a_run_claimed_by_another_worker_while_it_took_the_names
         with taking_the_lock(name):
             yield
 
-    monkeypatch.setattr(operations, "_holding_name", meanwhile_claimed_elsewhere)
+    monkeypatch.setattr(actions, "_holding_name", meanwhile_claimed_elsewhere)
     with pytest.raises(
         EverystepError, match=f"run {parked.id} is now held by worker alive-elsewhere"
     ):
-        operations.requeue([str(parked.id), str(other.id)])
+        actions.requeue([str(parked.id), str(other.id)])
     assert set(Workflow.objects.values_list("status", "claimed_by")) == {
         ("running", "alive-elsewhere"),
         ("running", "dead"),

@@ -71,9 +71,9 @@ def test_every_page_renders_and_is_kept_as_a_screenshot(operator, live_server, c
     schedule(workflows.echo_values, "waiting", idempotency_key="order-42")
     lost_worker("worker-gone")
     park(workflows.quick, 7, worker="worker-gone")
-    from everystep.db import store
+    from everystep.db import workers
 
-    store.worker_started("worker-1", 4, ["tests.workflows.quick"])
+    workers.started("worker-1", 4, ["tests.workflows.quick"])
 
     operator.get(f"{live_server.url}/everystep/")
     wait_for_text(operator, str(forked.id))

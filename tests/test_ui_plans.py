@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from everystep.db import operations
+from everystep.db import reads
 from everystep.models import Workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,7 +59,7 @@ def plan(sql):
 def page_query(run_filter):
     """The SQL the runs page sends for its runs (not its counts)."""
     with CaptureQueriesContext(connection) as queries:
-        operations.runs_page(run_filter)
+        reads.runs_page(run_filter)
     [query] = queries.captured_queries
     return query["sql"]
 
@@ -85,20 +85,20 @@ def whole_table_or_sort(rows, may_sort):
 NOW = timezone.now()
 # name: (filter, whether it bounds the runs to a few a planner may sort)
 FILTERS = {
-    "everything": (operations.RunFilter(), False),
-    "failed": (operations.RunFilter(status="failed"), False),
-    "one workflow": (operations.RunFilter(workflow="app.flows.flow_3"), False),
-    "one worker": (operations.RunFilter(worker="worker-7"), False),
+    "everything": (reads.RunFilter(), False),
+    "failed": (reads.RunFilter(status="failed"), False),
+    "one workflow": (reads.RunFilter(workflow="app.flows.flow_3"), False),
+    "one worker": (reads.RunFilter(worker="worker-7"), False),
     "a time window": (
-        operations.RunFilter(created_after=NOW - datetime.timedelta(days=1), created_before=NOW),
+        reads.RunFilter(created_after=NOW - datetime.timedelta(days=1), created_before=NOW),
         False,
     ),
-    "blocked": (operations.RunFilter(status="blocked"), True),
+    "blocked": (reads.RunFilter(status="blocked"), True),
     "failed runs of one workflow": (
-        operations.RunFilter(status="failed", workflow="app.flows.flow_1"),
+        reads.RunFilter(status="failed", workflow="app.flows.flow_1"),
         True,
     ),
-    "an idempotency key": (operations.RunFilter(search="key-500"), True),
+    "an idempotency key": (reads.RunFilter(search="key-500"), True),
 }
 
 
@@ -115,9 +115,9 @@ def test_each_filters_page_is_read_through_an_index(history):
 def count_queries(run_filter):
     """``{status: (count, SQL)}`` of the runs page's counts per status."""
     with CaptureQueriesContext(connection) as queries:
-        counts = operations.status_counts(run_filter)
+        counts = reads.status_counts(run_filter)
     sqls = [query["sql"] for query in queries.captured_queries]
-    return dict(zip(operations.STATUSES, zip(counts.values(), sqls, strict=True), strict=True))
+    return dict(zip(reads.STATUSES, zip(counts.values(), sqls, strict=True), strict=True))
 
 
 def reads_all(rows):
@@ -166,6 +166,6 @@ def test_each_filters_counts_read_only_the_runs_of_each_status(statistics):
         for status, (count, sql) in count_queries(run_filter).items():
             found = reads_all(plan(sql))
             # A count that reaches the cap stops there, however it reads.
-            if found and count <= operations.COUNT_CAP:
+            if found and count <= reads.COUNT_CAP:
                 problems.setdefault(name, []).append(f"{status} {found}: {sql}")
     assert problems == {}

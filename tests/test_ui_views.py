@@ -349,9 +349,9 @@ def test_requeueing_is_refused_while_the_worker_holds_its_name(operator):
 
 
 def test_the_workers_page_and_api_show_the_runs_each_holds(viewer):
-    from everystep.db import store
+    from everystep.db import workers
 
-    store.worker_started("w-9", 4, ["tests.workflows.quick"])
+    workers.started("w-9", 4, ["tests.workflows.quick"])
     parked = park(workflows.quick, 1, worker="w-9")
     [worker] = viewer.get("/everystep/api/workers").json()["workers"]
     assert (worker["name"], worker["state"], worker["runs"]) == (
@@ -449,10 +449,10 @@ def test_a_workers_age_alone_does_not_make_the_stream_send_them_again():
 
     from django.utils import timezone
 
-    from everystep.db import store
+    from everystep.db import workers
     from everystep.ui import snapshots
 
-    store.worker_started("w-steady", 4, ["tests.workflows.quick"])
+    workers.started("w-steady", 4, ["tests.workflows.quick"])
     now = timezone.now()
     first = snapshots.encoded(snapshots.workers(now))
     later = snapshots.encoded(snapshots.workers(now + datetime.timedelta(seconds=10)))

@@ -6,7 +6,7 @@ import signal
 import pytest
 
 from everystep import schedule
-from everystep.db import store
+from everystep.db import steps
 from everystep.engine import runner
 from everystep.models import Workflow
 from tests import workflows
@@ -116,7 +116,7 @@ def test_a_stale_runner_cannot_write_after_its_run_was_requeued_and_claimed_else
 def test_a_run_that_dies_outside_the_runner_is_failed_and_reported_while_the_worker_goes_on(
     monkeypatch, caplog, embedded_worker
 ):
-    real_record = store.record_step
+    real_record = steps.record_step
     broken = schedule(workflows.quick, 1)
 
     def record_step(fence, *args, **kwargs):
@@ -124,7 +124,7 @@ def test_a_run_that_dies_outside_the_runner_is_failed_and_reported_while_the_wor
             raise RuntimeError("engine bug while recording")
         return real_record(fence, *args, **kwargs)
 
-    monkeypatch.setattr(store, "record_step", record_step)
+    monkeypatch.setattr(steps, "record_step", record_step)
     with sentry_events() as events:
         worker = embedded_worker(pool_size=2, name="survivor")
         wait_until(lambda: status_of(broken)[0] == Workflow.Status.FAILED)

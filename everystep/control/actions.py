@@ -1,7 +1,11 @@
-"""An operator's control of a run: cancel it, retry it after it failed.
+"""What an operator does to runs: cancel, retry, resolve a blocked step,
+requeue a lost worker's runs.
 
-Both are what the command line, ``manage.py`` and the operator UI call,
-with the same refusals (`EverystepError`, saying why).
+Every front end — the command line, ``manage.py`` and the operator UI —
+calls these, so each refuses the same things in the same words
+(`EverystepError`, saying why and what to do instead). Each reads its run
+ids with `everystep.core.ids.parse_run_id`, and its statements are
+`everystep.db`'s.
 
 - `cancel`: a ``scheduled`` run (also one sleeping or waiting to retry a
   step) or a ``blocked`` one becomes ``cancelled`` at once. A ``running``
@@ -14,18 +18,30 @@ with the same refusals (`EverystepError`, saying why).
   ``retrying``) step records are removed, so those steps run again. A
   ``started`` record of an unsafe step stays: its effect is unknown, so the
   replay blocks the run on it for an operator to resolve.
+- `resolve_step`: a run ends ``blocked`` when an unsafe-to-repeat step
+  started but its outcome was never recorded. Once the operator knows what
+  happened, one of three resolutions records it and puts the run back to
+  ``scheduled``: ``result`` (the step succeeded with this value), ``error``
+  (it failed with this message) or ``discard`` (it never took effect: run
+  it again).
+- `requeue`: put runs parked under a worker name back to ``scheduled``,
+  refused while that worker is alive. It holds the worker's name lock
+  across its UPDATE, so the worker cannot start and resume them meanwhile.
 """
 
-import uuid
+import contextlib
 
 from django.db import transaction
 
-from everystep.core import clock, serde
-from everystep.db import store
-from everystep.errors import Cancelled, EverystepError
+from everystep.core import clock, command_names, serde
+from everystep.core.ids import parse_run_id
+from everystep.db import runs, steps
+from everystep.db.namelock import name_lock
+from everystep.errors import Cancelled, EverystepError, StepFailure
 from everystep.models import Step, Workflow
 
 Status = Workflow.Status
+_UNSET = object()
 
 
 def cancel(run_id, reason=None):
@@ -33,16 +49,15 @@ def cancel(run_id, reason=None):
     its status: ``cancelled``, or ``running`` when its runner was asked to
     stop at the next step boundary. `EverystepError` for a run that has
     finished, or no such run."""
+    run_id = parse_run_id(run_id)
     with transaction.atomic():
-        run = _locked(run_id)
+        run = runs.locked(run_id)
         error = serde.encode_exception(Cancelled(reason or "cancelled by an operator"))
         if run.status in (Status.SCHEDULED, Status.BLOCKED):
-            store.transition([run.id], run.status, Status.CANCELLED, error=error)
+            runs.transition([run.id], run.status, Status.CANCELLED, error=error)
             return Status.CANCELLED
         if run.status == Status.RUNNING:
-            Workflow.objects.filter(id=run.id, status=Status.RUNNING).update(
-                cancel_requested_at=clock.now(), error=error
-            )
+            runs.ask_to_cancel(run.id, error)
             return Status.RUNNING
     raise EverystepError(
         f"run {run.id} is {run.status}: only a scheduled, running or blocked run can be cancelled"
@@ -53,18 +68,15 @@ def retry(run_id):
     """Return the failed run `run_id` to ``scheduled``, due now: its done
     steps replay, its failed steps run again. Returns ``scheduled``;
     `EverystepError` for a run that is not failed, or no such run."""
+    run_id = parse_run_id(run_id)
     with transaction.atomic():
-        run = _locked(run_id)
+        run = runs.locked(run_id)
         if run.status != Status.FAILED:
             raise EverystepError(
                 f"run {run.id} is {run.status}, not failed: only a failed run can be retried"
             )
-        # A started row stays: an unsafe step whose outcome is unknown must
-        # not run again, so the replay blocks the run on it, to be resolved.
-        Step.objects.filter(
-            workflow_id=run.id, status__in=[Step.Status.FAILED, Step.Status.RETRYING]
-        ).delete()
-        store.transition(
+        steps.forget_failed(run.id)
+        runs.transition(
             [run.id],
             Status.FAILED,
             Status.SCHEDULED,
@@ -78,13 +90,118 @@ def retry(run_id):
     return Status.SCHEDULED
 
 
-def _locked(run_id):
-    """The run `run_id`, its row locked until the transaction ends."""
+def resolve_step(run_id, step_id, *, result=_UNSET, error=None, discard=False):
+    """Resolve the ``started`` step `step_id` of the blocked run `run_id`
+    and return the run to ``scheduled``; exactly one resolution is given.
+
+    Raises `EverystepError` with the reason when the run is not blocked or
+    the step is not its started one.
+    """
+    chosen = [result is not _UNSET, error is not None, bool(discard)]
+    if chosen.count(True) != 1:
+        raise EverystepError("give exactly one of a result, an error or discard")
+    if result is not _UNSET:
+        serde.to_json(result)
+    run_id = parse_run_id(run_id)
+    with transaction.atomic():
+        run = runs.locked(run_id)
+        if run.status != Status.BLOCKED:
+            raise EverystepError(
+                f"run {run_id} is {run.status}, not blocked: only a blocked run's "
+                f"started step can be resolved"
+            )
+        step = steps.started(run.id, step_id)
+        if discard:
+            steps.discard(step)
+        elif error is not None:
+            failure = serde.encode_exception(StepFailure(error))
+            steps.settle(step, Step.Status.FAILED, error=failure)
+        else:
+            steps.settle(step, Step.Status.DONE, result=result)
+        runs.transition(
+            [run.id],
+            Status.BLOCKED,
+            Status.SCHEDULED,
+            claimed_by=None,
+            claim_token=None,
+            claimed_at=None,
+            error=None,
+            completed_at=None,
+            cancel_requested_at=None,  # resolving it is asking it to go on
+        )
+
+
+class WorkerAlive(EverystepError):
+    """The action needs a worker to be gone, and it holds its name."""
+
+
+def requeue(run_ids=None, *, claimed_by=None):
+    """Put ``running`` runs — these ids, or every one parked under the worker
+    name `claimed_by` — back to ``scheduled``; returns the ids requeued.
+
+    Refused with `WorkerAlive` when a worker holding one of their names is
+    alive: it resumes its own runs. Each name's lock is held across the
+    UPDATE, so no worker can start under it and resume them meanwhile.
+    """
+    if (run_ids is None) == (claimed_by is None):
+        raise EverystepError("give run ids or a worker name, not both")
+    if run_ids is None:
+        names = {claimed_by}
+    else:
+        run_ids = [parse_run_id(run_id) for run_id in run_ids]
+        found = runs.run_holders(run_ids)
+        _refuse_unless_running(run_ids, found)
+        names = {worker for _, worker in found.values()}
+    with contextlib.ExitStack() as held:
+        for name in sorted(name for name in names if name):
+            held.enter_context(_holding_name(name))
+        with transaction.atomic():
+            if run_ids is not None:
+                # Read again under the names' locks, the rows locked too: a
+                # run requeued and claimed by a live worker meanwhile is
+                # refused, not taken from it.
+                _refuse_unless_running(run_ids, runs.run_holders(run_ids, lock=True), names)
+            return runs.requeue_runs(run_ids, claimed_by=claimed_by)
+
+
+def _refuse_unless_running(run_ids, found, names=None):
+    """`EverystepError` naming each of `run_ids` that does not exist, is
+    not ``running`` or (given the `names` locked) is held by another worker;
+    `found` maps id → (status, worker). Requeue changes nothing unless it
+    can requeue every run asked."""
+    problems = []
+    for run_id in run_ids:
+        status, worker = found.get(run_id, (None, None))
+        if status is None:
+            problems.append(f"no run {run_id}")
+        elif status != Workflow.Status.RUNNING:
+            problems.append(f"run {run_id} {_why_not_running(status)}")
+        elif names is not None and worker not in names:
+            problems.append(f"run {run_id} is now held by worker {worker}")
+    if problems:
+        raise EverystepError("; ".join(problems) + " (only running runs are requeued)")
+
+
+def _why_not_running(status):
+    """Why a run in `status` is not requeued, and what to do instead."""
+    if status == Workflow.Status.SCHEDULED:
+        return "is scheduled: a worker will claim it"
+    if status == Workflow.Status.FAILED:
+        return f"failed: run it again with {command_names.command('retry')}"
+    if status == Workflow.Status.BLOCKED:
+        return f"is blocked: resolve its step with {command_names.command('resolve-step')}"
+    return f"is {status}: it has ended"
+
+
+@contextlib.contextmanager
+def _holding_name(name):
+    lock = name_lock(name)
+    if not lock.try_acquire():
+        lock.release()
+        raise WorkerAlive(
+            f"worker {name!r} is alive (it holds its name): stop it, or let it resume its own runs"
+        )
     try:
-        run_id = uuid.UUID(str(run_id))
-    except ValueError:
-        raise EverystepError(f"{run_id!r} is not a run id") from None
-    run = Workflow.objects.select_for_update().filter(id=run_id).first()
-    if run is None:
-        raise EverystepError(f"no run {run_id}")
-    return run
+        yield
+    finally:
+        lock.release()

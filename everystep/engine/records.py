@@ -10,7 +10,7 @@ cannot swallow it. `move` is the one way an attempt takes its run out of
 """
 
 from everystep.core import events
-from everystep.db import store
+from everystep.db import runs
 from everystep.errors import EngineError, EverystepError
 from everystep.resilience import classify, transient
 
@@ -35,9 +35,9 @@ def move(fence, status, verb, should_stop=None, **fields):
     retry reads back whether the move had landed. Returns whether it did."""
 
     def write(attempt):
-        if store.move_claimed(fence, status, **fields):
+        if runs.move_claimed(fence, status, **fields):
             return True
-        return attempt > 1 and store.has_moved(fence, status)
+        return attempt > 1 and runs.has_moved(fence, status)
 
     return transient.retrying(write, what=f"{verb} run {fence.run_id}", should_stop=should_stop)
 
@@ -46,7 +46,7 @@ def lost(fence):
     """Announce why this attempt's writes were refused: the run's row is
     gone, or another runner owns it now. Returns None."""
     try:
-        vanished = not store.run_exists(fence.run_id)
+        vanished = not runs.run_exists(fence.run_id)
     except Exception:  # noqa: BLE001 - only the wording of the log depends on it
         vanished = False
     events.announce("run_vanished" if vanished else "claim_lost", fence)

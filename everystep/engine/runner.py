@@ -16,7 +16,7 @@ import threading
 import time
 
 from everystep.core import events, registry, serde
-from everystep.db import store
+from everystep.db import steps
 from everystep.engine import context
 from everystep.engine.records import guarded, lost, move
 from everystep.errors import (
@@ -42,7 +42,7 @@ Status = Workflow.Status
 def execute(claimed, draining=None):
     """Run one claimed attempt of a workflow to the end of the attempt.
 
-    `claimed` is a `store.ClaimedRun`; `draining`, a `threading.Event` the
+    `claimed` is a `runs.ClaimedRun`; `draining`, a `threading.Event` the
     worker sets to stop new steps. Returns the run's status afterwards —
     ``scheduled`` when it was requeued, ``running`` after a simulated crash —
     or None when the claim was lost to another runner. An error of the
@@ -68,7 +68,7 @@ def _attempt(claimed, run):
             raise Cancelled()
         if claimed.has_steps is not False:
             outcomes, attempts_made = guarded(
-                lambda attempt: store.load_outcomes(fence.run_id), "loading steps"
+                lambda attempt: steps.load_outcomes(fence.run_id), "loading steps"
             )
             run.outcomes.update(outcomes)
             run.attempts.update(attempts_made)

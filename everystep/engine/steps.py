@@ -18,7 +18,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 
 from everystep.core import clock, events, retry_policy, serde
-from everystep.db import store
+from everystep.db import runs, steps
 from everystep.engine import context, runner
 from everystep.engine.records import guarded
 from everystep.errors import (
@@ -299,11 +299,11 @@ def _record(run, step, status, result, error, *, replacing=None, attempts=1):
 
     def write(attempt, despite_cancel=False):
         if replacing is not None:
-            landed = store.update_step(
+            landed = steps.update_step(
                 run.fence, step_id, replacing, status, result, error, attempts, despite_cancel
             )
         else:
-            landed = store.record_step(
+            landed = steps.record_step(
                 run.fence,
                 status=status,
                 result=result,
@@ -313,15 +313,13 @@ def _record(run, step, status, result, error, *, replacing=None, attempts=1):
                 **step,
             )
         if not landed and attempt > 1:
-            return store.step_recorded(run.fence, step_id, status)
+            return steps.step_recorded(run.fence, step_id, status)
         return bool(landed)
 
     what = f"recording step {step_id} of run {run.fence.run_id}"
     if guarded(write, what):
         return
-    if not guarded(
-        lambda attempt: store.cancel_asked(run.fence), f"reading run {run.fence.run_id}"
-    ):
+    if not guarded(lambda attempt: runs.cancel_asked(run.fence), f"reading run {run.fence.run_id}"):
         raise ClaimLost(run.fence.run_id, step_id)
     if status == Step.Status.STARTED:
         raise Cancelled()

@@ -12,7 +12,7 @@ subscribed to the engine's announcements; nothing in the runner or the
 worker touches a metric. The queue gauges (pending, running, blocked, the
 oldest pending run's age, unclaimable runs) are read from the database when
 scraped, by `QueueCollector`, at most once every `QUEUE_CACHE_SECONDS`, on
-indexes that hold only the runs not finished (`store.queue_state`).
+indexes that hold only the runs not finished (`reads.queue_state`).
 """
 
 import threading
@@ -188,7 +188,7 @@ on_event = {
 
 class QueueCollector:
     """The queue as the database holds it, read when scraped and cached for
-    `QUEUE_CACHE_SECONDS` however often it is scraped (`store.queue_state`).
+    `QUEUE_CACHE_SECONDS` however often it is scraped (`reads.queue_state`).
     A scrape while the database is unreachable serves nothing rather than
     failing the whole scrape."""
 
@@ -216,13 +216,13 @@ class QueueCollector:
     def _read(self):
         from django.db import DEFAULT_DB_ALIAS, connections
 
-        from everystep.db import operations, store
+        from everystep.db import reads, workers
         from everystep.resilience import deadline
 
         try:
             with deadline.guard(connections[DEFAULT_DB_ALIAS], "reading the queue gauges"):
-                queue = store.queue_state()
-                known = operations.registered_workflows()
+                queue = reads.queue_state()
+                known = workers.registered_workflows()
         except Exception:  # noqa: BLE001 - an unreachable database: no queue gauges
             return []
         families = [

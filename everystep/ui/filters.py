@@ -1,4 +1,4 @@
-"""The runs list's query parameters, read into an `operations.RunFilter`.
+"""The runs list's query parameters, read into an `reads.RunFilter`.
 
 ``status``, ``workflow``, ``worker``, ``after`` and ``before`` (ISO 8601
 times; without a zone, UTC), ``q`` (a run id or an idempotency key) and
@@ -8,7 +8,8 @@ times; without a zone, UTC), ``q`` (a run id or an idempotency key) and
 
 import datetime
 
-from everystep.db import operations
+from everystep.core import ids
+from everystep.db import reads
 from everystep.errors import EverystepError
 
 PARAMETERS = ("status", "workflow", "worker", "after", "before", "q")
@@ -18,7 +19,7 @@ MAX_LENGTH = 300
 def run_filter(query):
     """The `RunFilter` the query parameters describe."""
     given = {name: _text(query, name) for name in PARAMETERS}
-    return operations.RunFilter(
+    return reads.RunFilter(
         status=given["status"],
         workflow=given["workflow"],
         worker=given["worker"],
@@ -34,7 +35,7 @@ def cursor(query):
     if text is None:
         return None
     try:
-        operations.parse_run_id(text)
+        ids.parse_run_id(text)
     except EverystepError:
         raise EverystepError(
             f"cursor {text!r} is not a run id: start again from page one"

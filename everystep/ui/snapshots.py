@@ -11,7 +11,8 @@ import hashlib
 from django.utils import timezone
 
 from everystep.core.serde import readable_json
-from everystep.db import operations
+from everystep.db import reads
+from everystep.db import workers as workers_table
 from everystep.errors import EverystepError
 from everystep.models import Workflow
 from everystep.ui import drawing, filters
@@ -25,12 +26,12 @@ def runs(query):
     """The runs page of `query`'s filters and cursor: the runs with their
     step counts, the next page's cursor and the counts per status."""
     run_filter = filters.run_filter(query)
-    page = operations.runs_page(run_filter, filters.cursor(query))
+    page = reads.runs_page(run_filter, filters.cursor(query))
     return {
-        "runs": operations.listed(page.runs),
+        "runs": reads.listed(page.runs),
         "next_cursor": page.next_cursor,
-        "counts": operations.status_counts(run_filter),
-        "count_cap": operations.COUNT_CAP,
+        "counts": reads.status_counts(run_filter),
+        "count_cap": reads.COUNT_CAP,
     }
 
 
@@ -38,16 +39,16 @@ def run(run_id, now=None):
     """One run: its fields, decoded values, steps with their durations, and
     its graph with live statuses. `NotFound` for an unknown id."""
     try:
-        found, steps = operations.run_with_steps(run_id)
+        found, steps = reads.run_with_steps(run_id)
     except EverystepError as exc:
         raise NotFound(str(exc)) from None
     graph = drawing.step_graph(found, steps)
     return {
-        **operations.run_fields(found),
+        **reads.run_fields(found),
         "args": found.args,
         "result": found.result,
         "error": found.error,
-        "steps": [{**operations.step_fields(step), "seconds": _seconds(step)} for step in steps],
+        "steps": [{**reads.step_fields(step), "seconds": _seconds(step)} for step in steps],
         "graph": graph.as_dict(),
         "_model": (found, steps, graph),
     }
@@ -55,8 +56,8 @@ def run(run_id, now=None):
 
 def workers(now=None):
     """Every worker, live ones first, each with the running runs it holds."""
-    rows = operations.workers(now or timezone.now())
-    held = operations.runs_held([row.name for row in rows])
+    rows = workers_table.workers(now or timezone.now())
+    held = reads.runs_held([row.name for row in rows])
     return {
         "workers": [
             {**dataclasses.asdict(row), "live": row.live, "runs": held[row.name]} for row in rows
@@ -69,10 +70,10 @@ def blocked():
     return {
         "runs": [
             {
-                **operations.run_fields(run),
-                "uncertain_steps": [operations.step_fields(step) for step in started],
+                **reads.run_fields(run),
+                "uncertain_steps": [reads.step_fields(step) for step in started],
             }
-            for run, started in operations.blocked_runs()
+            for run, started in reads.blocked_runs()
         ],
         "count": Workflow.objects.filter(status=Workflow.Status.BLOCKED).count(),
     }

@@ -20,8 +20,8 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 
 from everystep.control import actions
-from everystep.control.resolve import resolve_step
-from everystep.db import operations
+from everystep.control.actions import resolve_step
+from everystep.db import reads
 from everystep.errors import EverystepError
 from everystep.models import Workflow
 from everystep.ui import access, drawing, filters, responses, snapshots
@@ -54,7 +54,7 @@ def _common(request, **context):
 def runs(request):
     """The runs, newest first, a page at a time."""
     context = {
-        "statuses": operations.STATUSES,
+        "statuses": reads.STATUSES,
         "query": request.GET,
         "active": {},
     }
@@ -74,7 +74,7 @@ def runs(request):
     context["stream_query"] = _stream_query("runs", page, data)
     counts = [
         (status, _count_text(data["counts"][status]), _status_link(context["active"], status))
-        for status in operations.STATUSES
+        for status in reads.STATUSES
     ]
     return responses.page(request, "runs", _common(request, **context, data=data, counts=counts))
 
@@ -235,7 +235,7 @@ def requeue(request):
     if not name:
         return responses.problem(request, 400, "name the worker whose runs to requeue")
     try:
-        requeued = operations.requeue(claimed_by=name)
+        requeued = actions.requeue(claimed_by=name)
     except EverystepError as exc:
         return responses.problem(request, 409, f"Refused: {exc}")
     access.acted(
@@ -265,4 +265,4 @@ def _status_link(active, status):
 
 
 def _count_text(count):
-    return f"{operations.COUNT_CAP:,}+" if count > operations.COUNT_CAP else f"{count:,}"
+    return f"{reads.COUNT_CAP:,}+" if count > reads.COUNT_CAP else f"{count:,}"

@@ -18,7 +18,7 @@ import time
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from everystep.core import clock, cron, events, registry
-from everystep.db import store
+from everystep.db import runs
 from everystep.resilience import classify, deadline, outage, sessions, transient
 
 TAKE_BACK_INTERVAL = 30.0  # seconds between take-backs of runs parked under this name
@@ -92,7 +92,7 @@ class Claimer:
             self._take_back = True
         took_back = self._take_back
         with deadline.guard(connections[DEFAULT_DB_ALIAS], "claiming runs"):
-            claimed = store.claim(
+            claimed = runs.claim(
                 self._options.name,
                 capacity,
                 registry.names(),
@@ -112,7 +112,7 @@ class Claimer:
         for schedule, tick in self._ticker.due(clock.now()):
             try:
                 with deadline.guard(connections[DEFAULT_DB_ALIAS], "scheduling a cron tick"):
-                    store.insert_tick(schedule.workflow, cron.tick_key(tick), tick)
+                    runs.insert_tick(schedule.workflow, cron.tick_key(tick), tick)
             except Exception as exc:  # noqa: BLE001 - the claim that follows meets an outage too
                 if classify.is_transient(exc):
                     transient.drop_after(exc)

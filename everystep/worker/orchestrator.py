@@ -25,7 +25,7 @@ import time
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from everystep.core import events, registry
-from everystep.db import schema, store
+from everystep.db import schema, workers
 from everystep.db.namelock import NameLost
 from everystep.models import Worker as WorkerRow
 from everystep.resilience import outage, sessions, transient
@@ -157,7 +157,7 @@ class Worker:
     def _register(self, attempt):
         """Record this worker in the workers table, and note which server it
         talks to (`everystep.resilience.sessions` ends sessions on that server only)."""
-        store.worker_started(self.name, self.options.pool_size, registry.names())
+        workers.started(self.name, self.options.pool_size, registry.names())
         sessions.note_server(connections[DEFAULT_DB_ALIAS])
 
     def _announce_ready(self, listening):

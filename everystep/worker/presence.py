@@ -12,7 +12,7 @@ import time
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from everystep.db import store
+from everystep.db import workers
 from everystep.models import Worker as WorkerRow
 from everystep.resilience import deadline, outage, transient
 
@@ -49,7 +49,7 @@ class Presence:
         lock)."""
         db = lock_connection or connections[DEFAULT_DB_ALIAS]
         with deadline.guard(db, "refreshing the heartbeat"):
-            store.worker_heartbeat(
+            workers.heartbeat(
                 self._options.name, self.state(), len(self._pool.in_flight), using=lock_connection
             )
 
@@ -60,7 +60,7 @@ class Presence:
             return
         try:
             with deadline.guard(connections[DEFAULT_DB_ALIAS], f"recording state {state}"):
-                store.worker_heartbeat(self._options.name, state, len(self._pool.in_flight))
+                workers.heartbeat(self._options.name, state, len(self._pool.in_flight))
         except Exception as exc:  # noqa: BLE001 - only the workers list shows it
             transient.drop_after(exc)
 

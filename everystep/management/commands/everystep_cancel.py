@@ -1,19 +1,18 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from everystep.control import actions
+from everystep.control.arguments import COMMANDS
 from everystep.errors import EverystepError
 from everystep.models import Workflow
 
+COMMAND = COMMANDS["cancel"]
+
 
 class Command(BaseCommand):
-    help = (
-        "Cancel a run: a scheduled or blocked one at once, a running one at its next step "
-        "boundary (the step in flight is recorded, no further step starts)."
-    )
+    help = COMMAND.help
 
     def add_arguments(self, parser):
-        parser.add_argument("run_id", metavar="RUN_ID")
-        parser.add_argument("--reason", help="why, kept as the run's error")
+        COMMAND.add_arguments(parser)
 
     def handle(self, run_id, reason, **options):
         try:

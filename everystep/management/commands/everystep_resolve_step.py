@@ -2,25 +2,18 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from everystep.control.resolve import resolve_step
+from everystep.control.actions import resolve_step
+from everystep.control.arguments import COMMANDS
 from everystep.errors import EverystepError
+
+COMMAND = COMMANDS["resolve-step"]
 
 
 class Command(BaseCommand):
-    help = (
-        "Resolve the uncertain step of a blocked run and return the run to scheduled: "
-        "record its result, record an error, or discard it so it runs again."
-    )
+    help = COMMAND.help
 
     def add_arguments(self, parser):
-        parser.add_argument("run_id", help="the blocked run's id")
-        parser.add_argument("step_id", help="the id of its started step, e.g. 3 or fanout.1.charge")
-        how = parser.add_mutually_exclusive_group(required=True)
-        how.add_argument("--result", help="the step succeeded: its result, as JSON")
-        how.add_argument("--error", help="the step failed: this message is recorded")
-        how.add_argument(
-            "--discard", action="store_true", help="the step never took effect: run it again"
-        )
+        COMMAND.add_arguments(parser)
 
     def handle(self, run_id, step_id, result, error, discard, **options):
         resolution = {"error": error, "discard": discard}
@@ -28,9 +21,9 @@ class Command(BaseCommand):
             try:
                 resolution["result"] = json.loads(result)
             except json.JSONDecodeError as exc:
-                raise CommandError(f"--result is not valid JSON: {exc}") from None
+                raise CommandError(f"--result is not valid JSON: {exc}", returncode=2) from None
         try:
             resolve_step(run_id, step_id, **resolution)
         except (EverystepError, ValueError) as exc:
-            raise CommandError(str(exc)) from None
+            raise CommandError(str(exc), returncode=2) from None
         self.stdout.write(f"run {run_id}: step {step_id} resolved; the run is scheduled again")

@@ -1,17 +1,17 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from everystep.control import actions
+from everystep.control.arguments import COMMANDS
 from everystep.errors import EverystepError
+
+COMMAND = COMMANDS["retry"]
 
 
 class Command(BaseCommand):
-    help = (
-        "Retry a failed run: it is scheduled again; its done steps are served from the "
-        "record and its failed steps run again."
-    )
+    help = COMMAND.help
 
     def add_arguments(self, parser):
-        parser.add_argument("run_id", metavar="RUN_ID")
+        COMMAND.add_arguments(parser)
 
     def handle(self, run_id, **options):
         try:

@@ -6,19 +6,22 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from everystep.db import operations
+from everystep.control.arguments import COMMANDS
+from everystep.db import reads
 
 EMPTY = "no cron workflows are registered (@workflow(cron=...))"
 
+COMMAND = COMMANDS["schedules"]
+
 
 class Command(BaseCommand):
-    help = "List the cron workflows with their next tick and the run of their latest tick."
+    help = COMMAND.help
 
     def add_arguments(self, parser):
-        parser.add_argument("--json", action="store_true", help="one JSON array")
+        COMMAND.add_arguments(parser)
 
     def handle(self, **options):
-        rows = operations.schedules()
+        rows = reads.schedules()
         if options["json"]:
             self.stdout.write(json.dumps(rows, default=str, indent=2))
         elif not rows:

@@ -1,4 +1,4 @@
-"""``everystep_workers``: the workers table (`operations.workers`), as a
+"""``everystep_workers``: the workers table (`workers.workers`), as a
 table or as JSON. ``everystep workers`` runs this command, so both print
 the same."""
 
@@ -6,7 +6,8 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from everystep.db import operations
+from everystep.control.arguments import COMMANDS
+from everystep.db import workers
 
 EMPTY = "no workers have run on this database"
 COLUMNS = (
@@ -23,18 +24,17 @@ COLUMNS = (
 )
 NUMBERS = {"pid", "pool_size", "in_flight"}  # right-aligned
 
+COMMAND = COMMANDS["workers"]
+
 
 class Command(BaseCommand):
-    help = (
-        "List the workers that have run on this database, live ones first: a worker whose "
-        "heartbeat is older than 60 s and that did not stop shows as lost."
-    )
+    help = COMMAND.help
 
     def add_arguments(self, parser):
-        parser.add_argument("--json", action="store_true", help="one JSON array")
+        COMMAND.add_arguments(parser)
 
     def handle(self, **options):
-        rows = operations.workers()
+        rows = workers.workers()
         self.stdout.write(as_json(rows) if options["json"] else table(rows))
 
 

@@ -1,6 +1,5 @@
-"""What operators read and do, for every front end: the command line, the
-``manage.py`` commands, the web UI and the admin share these queries and
-actions, and so the same refusals.
+"""What operators read, for every front end: the command line, the
+``manage.py`` commands, the operator UI and the metrics share these queries.
 
 - `listed` and `run_with_steps`: what ``runs`` and ``show`` print.
 - `RunFilter`, `runs_page`, `status_counts` and `step_counts`: the operator
@@ -8,51 +7,33 @@ actions, and so the same refusals.
   the id, a UUIDv7), each filter served by an index (migration 0007).
 - `run_fields` and `step_fields`: a run and a step as plain fields, for
   JSON output and the UI.
-- `requeue`: put runs parked under a worker name back to ``scheduled``,
-  refused while that worker is alive. It holds the worker's name lock
-  across its UPDATE, so the worker cannot start and resume them meanwhile.
-- `workers`: every worker that has run on this database, what ``workers``
-  prints: a worker not stopped whose heartbeat is older than
-  `Worker.LOST_AFTER` seconds shows as ``lost``.
 - `schedules`: the cron workflows, their next tick and their latest
   tick's run, what ``schedules`` prints.
-- `live_workers` and `unclaimable`: who is running, and which scheduled
-  runs wait for a workflow that no live worker has (a deploy in progress,
-  or a module missing from ``EVERYSTEP_WORKFLOWS``).
+- `unclaimable`: which scheduled runs wait for a workflow that no live
+  worker has (a deploy in progress, or a module missing from
+  ``EVERYSTEP_WORKFLOWS``).
+- `queue_state`: the runs not finished, as the queue gauges show them.
 """
 
-import contextlib
 import dataclasses
 import datetime
 import uuid
 
-from django.db import transaction
+from django.db import connection
 from django.db.models import Count, Q
-from django.utils import timezone
 
-from everystep.core import command_names
-from everystep.db import store
-from everystep.db.namelock import name_lock
+from everystep.core import clock
+from everystep.core.ids import parse_run_id
+from everystep.db import sql, workers
 from everystep.errors import EverystepError
-from everystep.models import Step, Worker, Workflow
-
-MAX_LIMIT = 10_000
-
-
-class WorkerAlive(EverystepError):
-    """The action needs a worker to be gone, and it holds its name."""
-
-
-def parse_run_id(text):
-    """A run id from text; `EverystepError` naming it otherwise."""
-    try:
-        return uuid.UUID(str(text))
-    except ValueError:
-        raise EverystepError(f"{text!r} is not a run id") from None
-
+from everystep.models import Step, Workflow
 
 STATUSES = tuple(Workflow.Status.values)
+
+
 PAGE_SIZE = 50
+
+
 COUNT_CAP = 10_000  # counts stop here: a page never reads a million rows to count them
 
 
@@ -266,159 +247,68 @@ def run_with_steps(run_id):
     return run, list(run.steps.order_by("id"))
 
 
-def requeue(run_ids=None, *, claimed_by=None):
-    """Put ``running`` runs — these ids, or every one parked under the worker
-    name `claimed_by` — back to ``scheduled``; returns the ids requeued.
-
-    Refused with `WorkerAlive` when a worker holding one of their names is
-    alive: it resumes its own runs. Each name's lock is held across the
-    UPDATE, so no worker can start under it and resume them meanwhile.
-    """
-    if (run_ids is None) == (claimed_by is None):
-        raise EverystepError("give run ids or a worker name, not both")
-    if run_ids is None:
-        names = {claimed_by}
-    else:
-        run_ids = [parse_run_id(run_id) for run_id in run_ids]
-        found = store.run_holders(run_ids)
-        _refuse_unless_running(run_ids, found)
-        names = {worker for _, worker in found.values()}
-    with contextlib.ExitStack() as held:
-        for name in sorted(name for name in names if name):
-            held.enter_context(_holding_name(name))
-        with transaction.atomic():
-            if run_ids is not None:
-                # Read again under the names' locks, the rows locked too: a
-                # run requeued and claimed by a live worker meanwhile is
-                # refused, not taken from it.
-                _refuse_unless_running(run_ids, store.run_holders(run_ids, lock=True), names)
-            return store.requeue_runs(run_ids, claimed_by=claimed_by)
-
-
-def _refuse_unless_running(run_ids, found, names=None):
-    """`EverystepError` naming each of `run_ids` that does not exist, is
-    not ``running`` or (given the `names` locked) is held by another worker;
-    `found` maps id → (status, worker). Requeue changes nothing unless it
-    can requeue every run asked."""
-    problems = []
-    for run_id in run_ids:
-        status, worker = found.get(run_id, (None, None))
-        if status is None:
-            problems.append(f"no run {run_id}")
-        elif status != Workflow.Status.RUNNING:
-            problems.append(f"run {run_id} {_why_not_running(status)}")
-        elif names is not None and worker not in names:
-            problems.append(f"run {run_id} is now held by worker {worker}")
-    if problems:
-        raise EverystepError("; ".join(problems) + " (only running runs are requeued)")
-
-
-def _why_not_running(status):
-    """Why a run in `status` is not requeued, and what to do instead."""
-    if status == Workflow.Status.SCHEDULED:
-        return "is scheduled: a worker will claim it"
-    if status == Workflow.Status.FAILED:
-        return f"failed: run it again with {command_names.command('retry')}"
-    if status == Workflow.Status.BLOCKED:
-        return f"is blocked: resolve its step with {command_names.command('resolve-step')}"
-    return f"is {status}: it has ended"
-
-
-@contextlib.contextmanager
-def _holding_name(name):
-    lock = name_lock(name)
-    if not lock.try_acquire():
-        lock.release()
-        raise WorkerAlive(
-            f"worker {name!r} is alive (it holds its name): stop it, or let it resume its own runs"
-        )
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-LOST = "lost"  # the state a worker shows once its heartbeat is too old
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerStatus:
-    """A worker as operators see it: its row, with `state` derived (`LOST`
-    for a worker not stopped whose heartbeat is too old) and the age of its
-    heartbeat in seconds (0 for a heartbeat from a clock ahead of ours)."""
-
-    name: str
-    state: str
-    hostname: str
-    pid: int
-    version: str
-    pool_size: int
-    in_flight: int
-    started_at: datetime.datetime
-    heartbeat_at: datetime.datetime
-    heartbeat_age: float
-    stopped_at: datetime.datetime | None
-
-    @property
-    def live(self):
-        return self.state not in (LOST, Worker.State.STOPPED)
-
-
-def workers(now=None):
-    """Every worker that has run on this database, as `WorkerStatus`es:
-    the live ones first, each group by name."""
-    now = now or timezone.now()
-    cutoff = _lost_before(now)
-    rows = [
-        WorkerStatus(
-            name=row.name,
-            state=LOST if _lost(row, cutoff) else row.state,
-            hostname=row.hostname,
-            pid=row.pid,
-            version=row.version,
-            pool_size=row.pool_size,
-            in_flight=row.in_flight,
-            started_at=row.started_at,
-            heartbeat_at=row.heartbeat_at,
-            heartbeat_age=max(0.0, (now - row.heartbeat_at).total_seconds()),
-            stopped_at=row.stopped_at,
-        )
-        for row in Worker.objects.order_by("name")
-    ]
-    return sorted(rows, key=lambda row: not row.live)
-
-
-def live_workers(now=None):
-    """The workers not stopped whose heartbeat is recent enough."""
-    return Worker.objects.exclude(state=Worker.State.STOPPED).filter(
-        heartbeat_at__gte=_lost_before(now or timezone.now())
-    )
-
-
-def _lost(row, cutoff):
-    return row.state != Worker.State.STOPPED and row.heartbeat_at < cutoff
-
-
-def _lost_before(now):
-    """The heartbeat a worker not stopped must have renewed since to be live."""
-    return now - datetime.timedelta(seconds=Worker.LOST_AFTER)
-
-
-def registered_workflows():
-    """The names of the workflows some live worker has registered."""
-    known = set()
-    for workflows in live_workers().values_list("workflows", flat=True):
-        known.update(workflows)
-    return known
-
-
 def unclaimable():
     """Scheduled runs of workflows that no live worker has registered, as
     ``{workflow name: count}``."""
     waiting = (
         Workflow.objects.filter(status=Workflow.Status.SCHEDULED)
-        .exclude(name__in=registered_workflows())
+        .exclude(name__in=workers.registered_workflows())
         .values_list("name")
         .annotate(count=Count("id"))
     )
     return dict(waiting)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueState:
+    """The runs not finished, as the queue gauges show them."""
+
+    pending: int
+    running: int
+    blocked: int
+    oldest_pending_age: float  # seconds; 0 when nothing waits
+    pending_by_workflow: dict  # workflow name → scheduled runs
+
+
+def queue_state():
+    """Count the runs not finished: three queries, each on an index that holds
+    only the runs in its status (on MariaDB/MySQL, one led by the status),
+    so their cost follows the queue, never the history. Pending runs are
+    the scheduled ones that are due: those waiting for a later time (a
+    delayed start, a sleep, a retry's wait) are not read at all."""
+    now = clock.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT name, COUNT(*), MIN(run_at) FROM {_queue_index('scheduled')} "
+            "WHERE status = 'scheduled' AND run_at <= %s GROUP BY name",
+            [sql.datetime_param(connection, now)],
+        )
+        scheduled = cursor.fetchall()
+        running = _count(cursor, "running", _queue_index("claimed_by"))
+        blocked = _count(cursor, "blocked", _queue_index("blocked"))
+    by_workflow = {name: count for name, count, _ in scheduled}
+    oldest = min((sql.aware(due) for _, _, due in scheduled), default=None)
+    age = 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
+    return QueueState(
+        pending=sum(by_workflow.values()),
+        running=running,
+        blocked=blocked,
+        oldest_pending_age=age,
+        pending_by_workflow=by_workflow,
+    )
+
+
+def _count(cursor, status, table):
+    cursor.execute(f"SELECT COUNT(*) FROM {table} WHERE status = '{status}'")
+    return cursor.fetchone()[0]
+
+
+def _queue_index(partial_index):
+    """The runs table, read on SQLite through the named partial index of the
+    queue (migrations 0002, 0003, 0005). SQLite's planner keeps no histogram:
+    with statistics gathered while the queue was empty, it would otherwise
+    read a whole index of every run, or the table. PostgreSQL and MariaDB
+    choose well by themselves."""
+    if connection.vendor == "sqlite":
+        return f"everystep_workflow INDEXED BY everystep_workflow_{partial_index}"
+    return "everystep_workflow"

@@ -1,0 +1,108 @@
+"""The operator commands' arguments, each defined once.
+
+``manage.py everystep_cancel`` and ``everystep cancel`` (and each other
+pair) build their parsers from the same `Command`: the same flags, the
+same help, so the two command lines cannot drift apart. The ``manage.py``
+command is the one that runs; the standalone runtime calls it.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One operator command: `name` on the standalone command line,
+    `django_name` as a management command, a `summary` for the list of
+    commands, its `help`, and `add_arguments(parser)`, which adds its
+    arguments to an argparse parser."""
+
+    name: str
+    summary: str
+    help: str
+    add_arguments: object
+
+    @property
+    def django_name(self):
+        return "everystep_" + self.name.replace("-", "_")
+
+
+def _resolve_step(parser):
+    parser.add_argument("run_id", metavar="RUN_ID", help="the blocked run's id")
+    parser.add_argument(
+        "step_id", metavar="STEP_ID", help="the id of its started step, e.g. 3 or fanout.1.charge"
+    )
+    how = parser.add_mutually_exclusive_group(required=True)
+    how.add_argument("--result", help="the step succeeded: its result, as JSON")
+    how.add_argument("--error", help="the step failed: this message is recorded")
+    how.add_argument(
+        "--discard", action="store_true", help="the step never took effect: run it again"
+    )
+
+
+def _requeue(parser):
+    parser.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="the runs to requeue")
+    parser.add_argument(
+        "--claimed-by", metavar="NAME", help="every run parked under this worker name"
+    )
+
+
+def _cancel(parser):
+    parser.add_argument("run_id", metavar="RUN_ID", help="the run to cancel")
+    parser.add_argument("--reason", help="why, kept as the run's error")
+
+
+def _retry(parser):
+    parser.add_argument("run_id", metavar="RUN_ID", help="the failed run to schedule again")
+
+
+def _json_only(parser):
+    parser.add_argument("--json", action="store_true", help="one JSON array")
+
+
+COMMANDS = {
+    command.name: command
+    for command in (
+        Command(
+            "resolve-step",
+            "resolve a blocked run's uncertain step",
+            "Resolve the uncertain step of a blocked run and return the run to scheduled: "
+            "record its result, record an error, or discard it so it runs again.",
+            _resolve_step,
+        ),
+        Command(
+            "requeue",
+            "put parked running runs back to scheduled",
+            "Put running runs parked under a worker that will not come back back to "
+            "scheduled, so any worker resumes them. Refused while that worker is alive "
+            "(it holds its name).",
+            _requeue,
+        ),
+        Command(
+            "cancel",
+            "cancel a run: scheduled or blocked at once, running at its next step boundary",
+            "Cancel a run: a scheduled or blocked one at once, a running one at its next "
+            "step boundary (the step in flight is recorded, no further step starts).",
+            _cancel,
+        ),
+        Command(
+            "retry",
+            "schedule a failed run again: done steps replay, failed ones run again",
+            "Retry a failed run: it is scheduled again; its done steps are served from the "
+            "record and its failed steps run again.",
+            _retry,
+        ),
+        Command(
+            "schedules",
+            "the cron workflows, their next tick and their latest tick's run",
+            "List the cron workflows with their next tick and the run of their latest tick.",
+            _json_only,
+        ),
+        Command(
+            "workers",
+            "the workers that have run on this database, live ones first",
+            "List the workers that have run on this database, live ones first: a worker "
+            "whose heartbeat is older than 60 s and that did not stop shows as lost.",
+            _json_only,
+        ),
+    )
+}

@@ -1,0 +1,310 @@
+"""The engine's reads and writes of runs: scheduling, claiming, and every
+status change, each one database round trip.
+
+A claim makes a run's `everystep.core.fence.Fence`; the runner's moves of
+its run are fenced on it: they land only while the run is still
+``running`` under that claim token. A runner that lost its claim (requeued
+at a drain deadline, reset by an operator, claimed by another worker)
+writes nothing; the caller sees ``False`` and stops. `TRANSITIONS` is the
+one place that says how a run may move.
+"""
+
+import dataclasses
+import datetime
+import json
+import uuid
+
+from django.db import connection, transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from everystep.core import clock, registry
+from everystep.core.fence import Fence
+from everystep.db import sql
+from everystep.errors import EverystepError
+from everystep.models import Step, Workflow
+
+RUNNING = Workflow.Status.RUNNING
+SCHEDULED = Workflow.Status.SCHEDULED
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedRun:
+    """A run this process now owns: its `fence`, and what the runner needs
+    to execute it."""
+
+    fence: Fence
+    args: list
+    #: False when the claim saw that the run has no recorded steps (its
+    #: first attempt: there is nothing to load); None when it did not look.
+    has_steps: bool | None = None
+    #: When the run became due (its pickup delay runs from here), if known.
+    due_at: datetime.datetime | None = None
+    #: The trace context stored by `schedule()`, if any (`everystep.observe.tracing`).
+    trace_context: dict | None = None
+    #: A cancel was asked of the run while an earlier claim held it.
+    cancel_requested: bool = False
+
+
+def insert_run(name, args, idempotency_key=None, trace_context=None, run_at=None):
+    """Insert a scheduled run, due at `run_at` (default: now), in the
+    current transaction; one INSERT.
+
+    With an idempotency key the INSERT ignores a conflict on (name, key) and
+    the run holding the key is read back, so concurrent callers all get the
+    same run and no transaction is aborted.
+    """
+    now = clock.now()
+    run = Workflow(
+        name=name,
+        args=args,
+        idempotency_key=idempotency_key,
+        trace_context=trace_context,
+        created_at=now,
+        run_at=run_at or now,
+    )
+    if idempotency_key is None:
+        run.save(force_insert=True)
+        return run
+    Workflow.objects.bulk_create([run], ignore_conflicts=True)
+    return Workflow.objects.get(name=name, idempotency_key=idempotency_key)
+
+
+def insert_tick(name, key, tick):
+    """Insert the run of a cron workflow's `tick`, due then, unless a run
+    already has its idempotency `key`; one INSERT, which the unique key
+    lets through for one caller only, however many try at once."""
+    Workflow.objects.bulk_create(
+        [Workflow(name=name, args=[], idempotency_key=key, created_at=clock.now(), run_at=tick)],
+        ignore_conflicts=True,
+    )
+
+
+def claim(worker_name, limit, workflows=None, *, only_parked=False, exclude=()):
+    """Claim up to `limit` runs for `worker_name` in one transaction, the
+    longest due first, and return them as `ClaimedRun`s with a fresh claim
+    token. A scheduled run is not claimed before its ``run_at``.
+
+    Only runs of the `workflows` named (default: those registered in this
+    process) are taken: a run of a workflow this worker does not have waits
+    for one that has it (a rolling deploy). Normally this takes
+    ``scheduled`` runs; with `only_parked` it takes back the ``running``
+    runs already claimed under `worker_name` (the startup catchup after a
+    crash, or a claim whose reply was lost), except those in `exclude` (the
+    ones in flight). Concurrent claimers never take the same run.
+    """
+    workflows = registry.names() if workflows is None else list(workflows)
+    if limit <= 0 or not workflows:
+        return []
+    token = uuid.uuid4()
+    now = clock.now()
+    if not only_parked and connection.vendor == "postgresql":
+        return _claim_in_one_statement(worker_name, limit, workflows, token, now)
+    if only_parked:
+        candidates = Workflow.objects.filter(
+            status=RUNNING, name__in=workflows, claimed_by=worker_name
+        ).exclude(id__in=list(exclude))
+    else:
+        candidates = Workflow.objects.filter(status=SCHEDULED, name__in=workflows, run_at__lte=now)
+    # Whether a run has steps comes with the claim, so a first attempt skips
+    # loading them. Not on MariaDB: there a subquery of a locking read locks
+    # the step rows it reads, in the way of other runs' writes.
+    look = connection.vendor != "mysql"
+    if look:
+        candidates = candidates.annotate(
+            has_steps=Exists(Step.objects.filter(workflow=OuterRef("pk")))
+        )
+    skip_locked = connection.features.has_select_for_update_skip_locked
+    with transaction.atomic():
+        rows = list(
+            candidates.select_for_update(skip_locked=skip_locked)
+            .order_by("run_at")
+            .values_list(
+                "id",
+                "name",
+                "args",
+                "run_at",
+                "trace_context",
+                "cancel_requested_at",
+                *(["has_steps"] if look else []),
+            )[:limit]
+        )
+        if rows:
+            Workflow.objects.filter(id__in=[row[0] for row in rows]).update(
+                status=RUNNING, claimed_by=worker_name, claim_token=token, claimed_at=now
+            )
+    return [
+        ClaimedRun(
+            Fence(id, name, token, worker_name),
+            args,
+            has_steps=rest[0] if rest else None,
+            due_at=due,
+            trace_context=trace_context,
+            cancel_requested=cancel_requested_at is not None,
+        )
+        for id, name, args, due, trace_context, cancel_requested_at, *rest in rows
+    ]
+
+
+def next_due(workflows=None):
+    """When the earliest scheduled run of `workflows` (default: those
+    registered here) becomes due, or None when none is scheduled."""
+    workflows = registry.names() if workflows is None else list(workflows)
+    return (
+        Workflow.objects.filter(status=SCHEDULED, name__in=workflows)
+        .order_by("run_at")
+        .values_list("run_at", flat=True)
+        .first()
+    )
+
+
+def _claim_in_one_statement(worker_name, limit, workflows, token, now):
+    # One statement, prepared once per connection (psycopg prepares it on
+    # its fifth run). PostgreSQL keeps running its generic plan only while
+    # that costs no more than a plan for the values at hand, so the
+    # statement leaves it nothing to guess: 'scheduled' is written in (the
+    # partial claim index), and so is the limit (one statement per pool
+    # size), since a bound LIMIT is assumed to keep a tenth of the
+    # candidates — tens of thousands once many runs wait for a later time —
+    # and every claim would be planned again. The locked candidates are one
+    # array, collected once, that the UPDATE looks up by primary key: no
+    # join to plan, even when a pooler keeps nothing prepared.
+    statement = f"""
+        UPDATE everystep_workflow
+           SET status = %s, claimed_by = %s, claim_token = %s, claimed_at = %s
+         WHERE id = ANY(ARRAY(SELECT id FROM everystep_workflow
+                               WHERE status = 'scheduled' AND name = ANY(%s) AND run_at <= %s
+                               ORDER BY run_at LIMIT {int(limit):d}
+                               FOR UPDATE SKIP LOCKED))
+     RETURNING id, name, args, run_at, trace_context, cancel_requested_at IS NOT NULL,
+               EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [RUNNING, worker_name, token, now, workflows, now])
+        rows = cursor.fetchall()
+    runs = [
+        ClaimedRun(
+            Fence(id, name, token, worker_name),
+            sql.decode_json(args),
+            has_steps,
+            due_at,
+            json.loads(trace_context) if isinstance(trace_context, str) else trace_context,
+            cancel_requested,
+        )
+        for id, name, args, due_at, trace_context, cancel_requested, has_steps in rows
+    ]
+    return sorted(runs, key=lambda run: run.fence.run_id)
+
+
+def run_exists(workflow_id):
+    """Whether the run's row is still there."""
+    return Workflow.objects.filter(id=workflow_id).exists()
+
+
+# Every status change there is, as (from, to): the one place that says
+# how a run may move. A fenced change also needs the mover's claim token.
+TRANSITIONS = {
+    (RUNNING, Workflow.Status.COMPLETED): "the runner finished the run",
+    (RUNNING, Workflow.Status.FAILED): "the run failed",
+    (RUNNING, Workflow.Status.STOPPED): "a step raised Terminal",
+    (RUNNING, Workflow.Status.BLOCKED): "an unsafe step's outcome is uncertain",
+    (RUNNING, SCHEDULED): "requeued: drained, released or recovered by an operator",
+    (Workflow.Status.BLOCKED, SCHEDULED): "an operator resolved its uncertain step",
+    (SCHEDULED, Workflow.Status.CANCELLED): "cancelled before it ran, or while it waited",
+    (Workflow.Status.BLOCKED, Workflow.Status.CANCELLED): "cancelled instead of resolved",
+    (RUNNING, Workflow.Status.CANCELLED): "its runner honoured a cancel at a step boundary",
+    (Workflow.Status.FAILED, SCHEDULED): "an operator retried the failed run",
+}
+
+
+def transition(run_ids, from_status, to_status, *, fenced_on=None, **fields):
+    """Move the runs `run_ids` from `from_status` to `to_status`, setting
+    `fields` too, in one guarded UPDATE; with `fenced_on` (a claim token),
+    only while the run is still held under that claim. Returns how many moved.
+
+    Leaving ``running`` releases the claim (``claimed_by``, ``claimed_at``)
+    but keeps the token, so a retried write can tell that it had landed.
+    """
+    if (from_status, to_status) not in TRANSITIONS:
+        raise ValueError(f"a run does not go from {from_status} to {to_status}")
+    if from_status == RUNNING and to_status == SCHEDULED:
+        fields = {"claimed_by": None, "claimed_at": None, **fields}
+    if to_status in Workflow.TERMINAL:
+        fields.setdefault("completed_at", timezone.now())
+    run_ids = list(run_ids)
+    one = len(run_ids) == 1  # the runner's own moves: a plain lookup compiles faster
+    runs = Workflow.objects.filter(
+        status=from_status, **({"id": run_ids[0]} if one else {"id__in": run_ids})
+    )
+    if fenced_on is not None:
+        runs = runs.filter(claim_token=fenced_on)
+    return runs.update(status=to_status, **fields)
+
+
+def move_claimed(fence, to_status, **fields):
+    """Move the claimed run out of ``running``, fenced on `fence`.
+    Returns whether it landed."""
+    moved = transition([fence.run_id], RUNNING, to_status, fenced_on=fence.claim_token, **fields)
+    return moved == 1
+
+
+def has_moved(fence, to_status):
+    """Whether a fenced move of the run to `to_status` is what the store
+    shows: after a write whose reply was lost, it tells whether it landed."""
+    return Workflow.objects.filter(
+        id=fence.run_id, status=to_status, claim_token=fence.claim_token
+    ).exists()
+
+
+def cancel_asked(fence):
+    """Whether the run is still held under `fence` with a cancel asked of
+    it: why a step's fenced write was refused, if it was not a lost claim."""
+    return Workflow.objects.filter(
+        id=fence.run_id,
+        status=RUNNING,
+        claim_token=fence.claim_token,
+        cancel_requested_at__isnull=False,
+    ).exists()
+
+
+def run_holders(run_ids, *, lock=False):
+    """``{run id: (status, claimed_by)}`` of the runs `run_ids` that exist;
+    with `lock`, their rows locked until the transaction ends."""
+    runs = Workflow.objects.filter(id__in=list(run_ids))
+    if lock:
+        runs = runs.select_for_update()
+    return {
+        run_id: (status, worker)
+        for run_id, status, worker in runs.values_list("id", "status", "claimed_by")
+    }
+
+
+def requeue_runs(run_ids=None, *, claimed_by=None):
+    """Operator recovery: put ``running`` runs (by id, or every one claimed
+    under a worker name) back to ``scheduled``. Returns the ids requeued."""
+    runs = Workflow.objects.filter(status=RUNNING)
+    if run_ids is not None:
+        runs = runs.filter(id__in=run_ids)
+    if claimed_by is not None:
+        runs = runs.filter(claimed_by=claimed_by)
+    with transaction.atomic():
+        ids = list(runs.select_for_update().values_list("id", flat=True))
+        transition(ids, RUNNING, SCHEDULED)
+    return ids
+
+
+def locked(run_id):
+    """The run `run_id` (a UUID), its row locked until the transaction
+    ends; `EverystepError` when there is no such run."""
+    run = Workflow.objects.select_for_update().filter(id=run_id).first()
+    if run is None:
+        raise EverystepError(f"no run {run_id}")
+    return run
+
+
+def ask_to_cancel(run_id, error):
+    """Ask the running run `run_id` to stop at its next step boundary,
+    keeping `error` (an encoded `Cancelled`) as its error."""
+    Workflow.objects.filter(id=run_id, status=RUNNING).update(
+        cancel_requested_at=clock.now(), error=error
+    )

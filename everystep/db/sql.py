@@ -1,0 +1,78 @@
+"""What the engine's raw SQL needs: parameters adapted to each backend,
+values read back as Python, and the driver's own cursor for the statements
+that run once per step.
+"""
+
+import datetime
+import functools
+import json
+
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.utils import timezone
+
+from everystep.core import serde
+
+
+def execute(db, sql, params):
+    """Run `sql` on the driver's own cursor of the connection `db` and return
+    its row count: the step writes skip Django's cursor layer, which costs a
+    step more than the rest of the engine's Python. Errors are still
+    Django's, execute wrappers still see the statement, and Django's query
+    log (DEBUG, tests) still gets it, through Django's own cursor."""
+    if db.queries_logged:
+        with db.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.rowcount
+    db.ensure_connection()
+    raw = db.connection
+    cached = getattr(db, "_everystep_cursor", None)
+    if cached is None or cached[0] is not raw:
+        cached = db._everystep_cursor = (raw, raw.cursor())
+    cursor = cached[1]
+    if db.vendor == "sqlite":
+        sql = _qmark(sql)  # the driver's own placeholders
+    execute = _driver_execute
+    for wrapper in reversed(db.execute_wrappers):
+        execute = functools.partial(wrapper, execute)
+    with db.wrap_database_errors:
+        execute(sql, params, False, {"connection": db, "cursor": cursor})
+    return cursor.rowcount
+
+
+@functools.cache
+def _qmark(sql):
+    return sql.replace("%s", "?")
+
+
+def _driver_execute(sql, params, many, context):
+    context["cursor"].execute(sql, params)
+
+
+def thread_connection():
+    """This thread's connection itself: the step writes use it many times,
+    and each use of the `connection` proxy looks it up again."""
+    return connections[DEFAULT_DB_ALIAS]
+
+
+def datetime_param(db, value):
+    return db.ops.adapt_datetimefield_value(value)
+
+
+def uuid_param(db, value):
+    if value is None or db.features.has_native_uuid_field:
+        return value
+    return value.hex
+
+
+def decode_json(value):
+    if isinstance(value, str | bytes):
+        value = json.loads(value)
+    return serde.from_json(value)
+
+
+def aware(value):
+    """A datetime read by raw SQL as an aware one (SQLite returns the
+    aggregate as text, MariaDB as a naive UTC time)."""
+    if isinstance(value, str):
+        value = datetime.datetime.fromisoformat(value)
+    return value if timezone.is_aware(value) else value.replace(tzinfo=datetime.UTC)

@@ -1,0 +1,129 @@
+"""The workers table: each worker's row, written by the worker itself
+(`started`, `heartbeat`), and read by operators (`workers`, `live_workers`):
+a worker not stopped whose heartbeat is older than `Worker.LOST_AFTER`
+seconds shows as ``lost``.
+"""
+
+import dataclasses
+import datetime
+import os
+import socket
+
+from django.utils import timezone
+
+from everystep.models import Worker
+
+
+def started(name, pool_size, workflows):
+    """Record the worker `name` as starting in this process (one row per
+    name, replaced on each start)."""
+    import everystep
+
+    now = timezone.now()
+    Worker.objects.update_or_create(
+        name=name,
+        defaults={
+            "hostname": socket.gethostname()[:255],
+            "pid": os.getpid(),
+            "version": everystep.__version__,
+            "pool_size": pool_size,
+            "in_flight": 0,
+            "state": Worker.State.STARTING,
+            "workflows": list(workflows),
+            "started_at": now,
+            "heartbeat_at": now,
+            "stopped_at": None,
+        },
+    )
+
+
+def heartbeat(name, state, in_flight, using=None):
+    """Refresh the worker's heartbeat, state and number of runs in flight;
+    on the connection `using` (the name lock's own) when given."""
+    now = timezone.now()
+    if using is not None:
+        with using.cursor() as cursor:
+            cursor.execute(
+                "UPDATE everystep_worker SET state = %s, in_flight = %s, heartbeat_at = %s "
+                "WHERE name = %s",
+                [state, in_flight, using.ops.adapt_datetimefield_value(now), name],
+            )
+        return
+    fields = {"state": state, "in_flight": in_flight, "heartbeat_at": now}
+    if state == Worker.State.STOPPED:
+        fields["stopped_at"] = now
+    Worker.objects.filter(name=name).update(**fields)
+
+
+LOST = "lost"  # the state a worker shows once its heartbeat is too old
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerStatus:
+    """A worker as operators see it: its row, with `state` derived (`LOST`
+    for a worker not stopped whose heartbeat is too old) and the age of its
+    heartbeat in seconds (0 for a heartbeat from a clock ahead of ours)."""
+
+    name: str
+    state: str
+    hostname: str
+    pid: int
+    version: str
+    pool_size: int
+    in_flight: int
+    started_at: datetime.datetime
+    heartbeat_at: datetime.datetime
+    heartbeat_age: float
+    stopped_at: datetime.datetime | None
+
+    @property
+    def live(self):
+        return self.state not in (LOST, Worker.State.STOPPED)
+
+
+def workers(now=None):
+    """Every worker that has run on this database, as `WorkerStatus`es:
+    the live ones first, each group by name."""
+    now = now or timezone.now()
+    cutoff = _lost_before(now)
+    rows = [
+        WorkerStatus(
+            name=row.name,
+            state=LOST if _lost(row, cutoff) else row.state,
+            hostname=row.hostname,
+            pid=row.pid,
+            version=row.version,
+            pool_size=row.pool_size,
+            in_flight=row.in_flight,
+            started_at=row.started_at,
+            heartbeat_at=row.heartbeat_at,
+            heartbeat_age=max(0.0, (now - row.heartbeat_at).total_seconds()),
+            stopped_at=row.stopped_at,
+        )
+        for row in Worker.objects.order_by("name")
+    ]
+    return sorted(rows, key=lambda row: not row.live)
+
+
+def live_workers(now=None):
+    """The workers not stopped whose heartbeat is recent enough."""
+    return Worker.objects.exclude(state=Worker.State.STOPPED).filter(
+        heartbeat_at__gte=_lost_before(now or timezone.now())
+    )
+
+
+def _lost(row, cutoff):
+    return row.state != Worker.State.STOPPED and row.heartbeat_at < cutoff
+
+
+def _lost_before(now):
+    """The heartbeat a worker not stopped must have renewed since to be live."""
+    return now - datetime.timedelta(seconds=Worker.LOST_AFTER)
+
+
+def registered_workflows():
+    """The names of the workflows some live worker has registered."""
+    known = set()
+    for workflows in live_workers().values_list("workflows", flat=True):
+        known.update(workflows)
+    return known
