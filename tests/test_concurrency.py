@@ -6,6 +6,7 @@ import pytest
 from django.db import connections
 
 from everystep import schedule
+from everystep.db import runs
 from everystep.engine import runner
 from everystep.models import Workflow
 from tests import workflows
@@ -14,9 +15,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_many_runs_executing_concurrently_never_mix_contexts_or_step_ids():
-    runs = {schedule(workflows.whoami, f"tag-{i}").id: f"tag-{i}" for i in range(40)}
-    claimed = runs.claim("tests", len(runs))
-    assert {c.id for c in claimed} == set(runs)
+    tags = {schedule(workflows.whoami, f"tag-{i}").id: f"tag-{i}" for i in range(40)}
+    claimed = runs.claim("tests", len(tags))
+    assert {c.fence.run_id for c in claimed} == set(tags)
 
     def execute(one):
         try:
@@ -26,10 +27,10 @@ def test_many_runs_executing_concurrently_never_mix_contexts_or_step_ids():
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         statuses = list(pool.map(execute, claimed))
-    assert statuses == [Workflow.Status.COMPLETED] * len(runs)
+    assert statuses == [Workflow.Status.COMPLETED] * len(tags)
 
-    for run in Workflow.objects.filter(id__in=runs).prefetch_related("steps"):
-        tag = runs[run.id]
+    for run in Workflow.objects.filter(id__in=tags).prefetch_related("steps"):
+        tag = tags[run.id]
         assert run.result == [
             [str(run.id), "", tag],
             [str(run.id), "2.0.", tag],

@@ -55,12 +55,12 @@ def test_due_runs_are_claimed_longest_due_first_and_a_run_at_in_the_past_at_once
     late = schedule(workflows.quick, 1, run_at=now - datetime.timedelta(minutes=5))
     fresh = schedule(workflows.quick, 2)
     later = schedule(workflows.quick, 3, delay=60)
-    assert [run.id for run in runs.claim(WORKER, 1, [workflows.quick.__everystep_workflow__])] == [
-        late.id
-    ]
-    assert [run.id for run in claimable()] == [fresh.id]
+    assert [
+        run.fence.run_id for run in runs.claim(WORKER, 1, [workflows.quick.__everystep_workflow__])
+    ] == [late.id]
+    assert [run.fence.run_id for run in claimable()] == [fresh.id]
     moved_clock.advance(60)
-    assert [run.id for run in claimable()] == [later.id]
+    assert [run.fence.run_id for run in claimable()] == [later.id]
 
 
 @pytest.mark.parametrize(
@@ -101,7 +101,7 @@ def test_the_claim_reads_no_run_that_is_not_due_with_many_waiting(moved_clock):
         cursor.execute(
             "ANALYZE" if connection.vendor != "mysql" else "ANALYZE TABLE everystep_workflow"
         )
-    assert sorted(run.id for run in claimable()) == sorted(due)
+    assert sorted(run.fence.run_id for run in claimable()) == sorted(due)
     assert claimable() == []
 
 

@@ -55,6 +55,39 @@ def test_an_unsafe_step_inside_the_bodys_atomic_block_is_refused_before_it_runs(
     assert calls["charge"] == 0
 
 
+def test_an_unsafe_step_after_the_body_turned_autocommit_off_is_refused_and_never_runs_twice(
+    calls,
+):
+    """Its started record would ride the body's open transaction: a crash
+    right after the charge rolls both back, and the resumed run charges
+    again. It is refused before it runs, and the run fails saying why."""
+    from django.db import connection
+
+    runner.fault = crash_at("1")
+    run = schedule(workflows.charges_with_autocommit_off, 30)
+    status = attempt()
+    runner.fault = None
+    connection.close()  # what the process's death does to its open transaction
+    if status == Workflow.Status.RUNNING:
+        attempt(parked=True)
+    run.refresh_from_db()
+    assert calls["charge"] == 0
+    assert run.status == Workflow.Status.FAILED
+    error = serde.decode_exception(run.error)
+    assert isinstance(error, EverystepError)
+    assert "autocommit" in str(error) and "set_autocommit(True)" in str(error)
+
+
+def test_a_step_that_leaves_autocommit_off_fails_the_run_before_the_next_step_runs(calls):
+    """The step's own writes are in a transaction nothing will commit, and
+    the records after it would ride it: the run fails, naming the step."""
+    run = run_to_end(workflows.step_leaves_autocommit_off, 30)
+    assert run.status == Workflow.Status.FAILED
+    assert calls["charge"] == 0
+    assert "left autocommit off" in run.error["message"]
+    assert not run.steps.filter(status="done").exists()
+
+
 def test_a_fork_inside_the_bodys_atomic_block_is_refused_before_it_runs(calls):
     run = run_to_end(workflows.forks_inside_atomic)
     refused(run, calls)

@@ -334,6 +334,30 @@ def charges_inside_atomic(amount):
 
 
 @workflow
+def charges_with_autocommit_off(amount):
+    """Turns autocommit off, as code that manages its own transactions
+    does, and calls an unsafe step in the transaction that opens."""
+    from django.db import transaction
+
+    transaction.set_autocommit(False)
+    return charge(amount)
+
+
+@step
+def leaves_autocommit_off(value):
+    from django.db import transaction
+
+    transaction.set_autocommit(False)
+    return value
+
+
+@workflow
+def step_leaves_autocommit_off(amount):
+    leaves_autocommit_off("left open")
+    return charge(amount)
+
+
+@workflow
 def forks_inside_atomic():
     from django.db import transaction
 

@@ -6,8 +6,13 @@ retried (`everystep.resilience.transient`), a value too large for the
 database fails the run like any value that cannot be stored, and any other
 error is wrapped in `EngineError` so that a workflow's ``except Exception``
 cannot swallow it. `move` is the one way an attempt takes its run out of
-``running``; `lost` says why a fenced write was refused.
+``running``; `lost` says why a fenced write was refused. The engine's
+records must commit when they are written, whatever the workflow's code
+does: `open_transaction` tells a transaction that code left open (it turned
+autocommit off), and `end_open_transaction` rolls it back.
 """
+
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from everystep.core import events
 from everystep.db import runs
@@ -51,3 +56,24 @@ def lost(fence):
         vanished = False
     events.announce("run_vanished" if vanished else "claim_lost", fence)
     return None
+
+
+def open_transaction(db):
+    """Whether the connection `db` is in a transaction that workflow code
+    opened by turning autocommit off (``transaction.set_autocommit(False)``)
+    outside any atomic block: a record written there would be lost with it."""
+    return db.connection is not None and not db.in_atomic_block and not db.get_autocommit()
+
+
+def end_open_transaction():
+    """Roll back the transaction workflow code left open on this thread's
+    connection, and turn autocommit back on. Returns whether there was one."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if not open_transaction(db):
+        return False
+    try:
+        db.rollback()
+        db.set_autocommit(True)
+    except Exception:  # noqa: BLE001 - a broken connection: the next write opens another
+        db.close()
+    return True

@@ -18,13 +18,14 @@ import time
 from everystep.core import events, registry, serde
 from everystep.db import steps
 from everystep.engine import context
-from everystep.engine.records import guarded, lost, move
+from everystep.engine.records import end_open_transaction, guarded, lost, move
 from everystep.errors import (
     Cancelled,
     ClaimLost,
     DrainOrphan,
     EffectUncertain,
     EngineError,
+    EverystepError,
     SimulatedCrash,
     Sleeping,
     Terminal,
@@ -82,7 +83,16 @@ def _attempt(claimed, run):
         if body is None:  # parked by an earlier deploy that had it
             return _release(fence)
         with context.activated(context.Context(run)):
-            result = body(*claimed.args)
+            try:
+                result = body(*claimed.args)
+            finally:
+                left_open = end_open_transaction()
+            if left_open:
+                raise EverystepError(
+                    "the workflow body left autocommit off (transaction.set_autocommit(False)): "
+                    "its open transaction was rolled back; call transaction.set_autocommit(True) "
+                    "before the body returns"
+                )
         serde.check_size(f"the result of run {fence.run_id}", serde.encode(result))
     except Cancelled:
         return _finish(fence, Status.CANCELLED, started)

@@ -19,8 +19,7 @@ from django.utils import timezone
 
 from everystep.core import clock, events, retry_policy, serde
 from everystep.db import runs, steps
-from everystep.engine import context, runner
-from everystep.engine.records import guarded
+from everystep.engine import context, records, runner
 from everystep.errors import (
     Cancelled,
     ClaimLost,
@@ -186,6 +185,13 @@ def _call(ctx, step, func, args, kwargs):
             step=step["name"],
         )
     outcome = _called(ctx, func, args, kwargs)
+    if records.end_open_transaction():
+        raise EverystepError(
+            f"step {step_id} ({step['name']}) left autocommit off "
+            f"(transaction.set_autocommit(False)): its open transaction was rolled back and its "
+            f"outcome is not recorded; call transaction.set_autocommit(True) before the step's "
+            f"function returns"
+        )
     serde.check_size(
         f"the outcome of step {step_id}",
         step["args"],
@@ -275,6 +281,13 @@ def refuse_inside_transaction(what):
         databases = connections.all(initialized_only=True)
     host = context.host_transaction()
     for db in databases:
+        if records.open_transaction(db):
+            raise EverystepError(
+                f"{what} was called with autocommit off (transaction.set_autocommit(False)) on "
+                f"database {db.alias!r} in a workflow body: its record would ride a transaction "
+                f"that a crash rolls back; call transaction.set_autocommit(True) first, or keep "
+                f"the transaction inside the step's function"
+            )
         hosted = host.depths.get(db.alias, 0) if host is not None else 0
         if db.in_atomic_block and len(db.atomic_blocks) > hosted:
             raise EverystepError(
@@ -317,12 +330,14 @@ def _record(run, step, status, result, error, *, replacing=None, attempts=1):
         return bool(landed)
 
     what = f"recording step {step_id} of run {run.fence.run_id}"
-    if guarded(write, what):
+    if records.guarded(write, what):
         return
-    if not guarded(lambda attempt: runs.cancel_asked(run.fence), f"reading run {run.fence.run_id}"):
+    if not records.guarded(
+        lambda attempt: runs.cancel_asked(run.fence), f"reading run {run.fence.run_id}"
+    ):
         raise ClaimLost(run.fence.run_id, step_id)
     if status == Step.Status.STARTED:
         raise Cancelled()
-    if not guarded(lambda attempt: write(attempt, despite_cancel=True), what):
+    if not records.guarded(lambda attempt: write(attempt, despite_cancel=True), what):
         raise ClaimLost(run.fence.run_id, step_id)
     run.cancel_asked = True

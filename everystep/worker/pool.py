@@ -115,6 +115,9 @@ class Pool:
 def _close_if_unclean():
     """Close this thread's connection if a run left it in doubt."""
     if connection.connection is not None and (
-        connection.errors_occurred or connection.in_atomic_block or connection.needs_rollback
+        connection.errors_occurred
+        or connection.in_atomic_block
+        or connection.needs_rollback
+        or not connection.get_autocommit()
     ):
         transient.reset_connection()
