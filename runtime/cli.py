@@ -50,6 +50,15 @@ def port(text):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def seconds_to_wait(text):
+    """`ui --wait-for-migrations`: read as the worker's option is."""
+    option = next(o for o in options.OPTIONS if o.field == "wait_for_migrations")
+    try:
+        return option.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def moment(text):
     """`schedule --at`: an ISO 8601 time with its zone."""
     return _converted(clock.parse_moment, text)
@@ -146,6 +155,13 @@ def build_parser():
     ui.add_argument("--port", type=port, help="the port to listen on (EVERYSTEP_UI_PORT, 8000)")
     ui.add_argument(
         "--bind", help="the address to listen on (EVERYSTEP_UI_BIND, 127.0.0.1; 0.0.0.0 for all)"
+    )
+    ui.add_argument(
+        "--wait-for-migrations",
+        type=seconds_to_wait,
+        metavar="SECONDS",
+        help="seconds to wait at start for the database's migrations, as the worker does "
+        "(EVERYSTEP_WAIT_FOR_MIGRATIONS, default 0: refuse to start while any is pending)",
     )
 
     commands.add_parser(

@@ -1,6 +1,7 @@
 """The commands of ``everystep``, each ``command(env, args)`` returning an
 exit status or None. Django is configured before any of them runs."""
 
+import contextlib
 import json
 import os
 import signal
@@ -29,7 +30,8 @@ def worker(env, args):
 
 
 def migrate(env, args):
-    _call("migrate", verbosity=1)
+    with _sqlite_migration_lock():
+        _call("migrate", verbosity=1)
 
 
 def schedule(env, args):
@@ -169,7 +171,7 @@ def ui(env, args):
 
     from everystep.ui.api import stop_streams
 
-    _migrate_or_refuse()
+    _migrate_or_wait(_wait_for_migrations(args))
     port = args.port or env.ui.port
     bind = args.bind or env.ui.bind
     application = get_wsgi_application()
@@ -291,40 +293,58 @@ def _print_unclaimable():
 
 
 def _migrate_sqlite():
-    """SQLite, the embedded default, is migrated on the spot, by one
-    process at a time: a worker and the UI started together on a new file
-    would otherwise both create its tables. The lock is on the file's
-    directory, which needs no file of its own and leaves SQLite's locks on
-    the database alone."""
+    """SQLite, the embedded default, is migrated on the spot."""
+    from everystep.db import schema
+
+    with _sqlite_migration_lock() as sqlite:
+        if sqlite and schema.pending_migrations():
+            call_command("migrate", verbosity=0)
+
+
+@contextlib.contextmanager
+def _sqlite_migration_lock():
+    """On SQLite, hold the lock under which its migrations run, one process
+    at a time: a release's ``migrate``, a worker and the UI started together
+    on a new file would otherwise each create its tables. The lock is on the
+    file's directory, which needs no file of its own and leaves SQLite's
+    locks on the database alone. Yields whether the database is SQLite."""
     import fcntl
 
     from django.db import connection
 
-    from everystep.db import schema
-
     if connection.vendor != "sqlite":
+        yield False
         return
     directory = os.path.dirname(os.path.abspath(connection.settings_dict["NAME"]))
     descriptor = os.open(directory, os.O_RDONLY)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)
-        if schema.pending_migrations():
-            call_command("migrate", verbosity=0)
+        yield True
     finally:
         os.close(descriptor)  # and with it the lock
 
 
-def _migrate_or_refuse():
-    """SQLite is migrated on the spot; a server database must be migrated by
-    the operator first."""
+def _migrate_or_wait(seconds):
+    """SQLite is migrated on the spot; a server database's migrations are
+    waited for up to `seconds` (a release process started beside this one),
+    then refused with the command to run."""
     from everystep.db import schema
     from everystep.errors import ConfigurationError
 
     _migrate_sqlite()
     try:
-        schema.wait_for_migrations(0)
+        schema.wait_for_migrations(seconds)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _wait_for_migrations(args):
+    """`ui --wait-for-migrations`, else the worker's variable for it."""
+    from everystep_config.environment import load_worker
+
+    if args.wait_for_migrations is not None:
+        return args.wait_for_migrations
+    return load_worker(os.environ).wait_for_migrations
 
 
 def _run_id(text):

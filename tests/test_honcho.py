@@ -90,3 +90,19 @@ def test_the_worker_and_the_web_process_run_side_by_side_after_the_release(honch
     assert local.wait(60) == 143, local.log()  # honcho's own status for SIGTERM
     log = local.log()
     assert "worker.1 stopped (rc=0)" in log and "web.1 stopped (rc=0)" in log, log
+
+
+def test_plain_honcho_start_on_a_fresh_database_ends_cleanly_with_the_release(honcho):
+    """Plain `honcho start` starts every process of the Procfile at once, the
+    release with the others, and stops them all when the release ends. None
+    may fail meanwhile: on SQLite the release's migrate, the worker and the
+    UI take turns migrating the new file; on a server the worker and the UI
+    wait for the release instead of refusing to start."""
+    local = honcho("start", "--port", str(free_port()))
+    assert local.wait(180) == 0, local.log()
+    log = local.log()
+    for process in ("release", "worker", "web"):
+        assert f"{process}.1 stopped (rc=0)" in log, log
+    assert "duplicate column" not in log and "Traceback" not in log, log
+    checked = honcho.run("everystep", "check")
+    assert "migrations: up to date" in checked.stdout, checked.stdout + checked.stderr

@@ -224,6 +224,7 @@ def test_a_worker_whose_name_guard_thread_dies_drains_and_stops_saying_which(mon
         in caplog.text
     )
     # The name is free again: a new worker under it starts at once.
+    monkeypatch.undo()
     successor = Worker(name="guarded", poll=0.05)
     successor_thread = threading.Thread(target=successor.run, daemon=True)
     successor_thread.start()

@@ -17,6 +17,11 @@ import socket
 
 #: The longest worker name the ``claimed_by`` column holds.
 MAX_NAME_LENGTH = 255
+#: The most runs one worker keeps in flight: one thread and one database
+#: connection each.
+MAX_POOL = 1000
+HOUR = 3600
+DAY = 86400
 
 
 class OptionError(ValueError):
@@ -24,7 +29,10 @@ class OptionError(ValueError):
     variable it came from and what is wrong with it."""
 
 
-def _number(kind, minimum, *, above=False):
+def _number(kind, minimum, maximum, *, above=False):
+    """A parser of numbers of `kind` from `minimum` (excluded when `above`)
+    to `maximum`: every time a worker waits for is one the platform's clock
+    can count, and a pool one its threads can hold."""
     noun = "whole number" if kind is int else "number"
 
     def parse(value):
@@ -36,6 +44,8 @@ def _number(kind, minimum, *, above=False):
             raise ValueError("is not a finite number")
         if number < minimum or (above and number == minimum):
             raise ValueError(f"must be {'>' if above else '>='} {minimum}")
+        if number > maximum:
+            raise ValueError(f"must be at most {maximum}")
         return number
 
     return parse
@@ -97,12 +107,14 @@ class Option:
 
 
 OPTIONS = (
-    Option("pool_size", "--pool", "EVERYSTEP_POOL", _number(int, 1), "runs in flight at most"),
+    Option(
+        "pool_size", "--pool", "EVERYSTEP_POOL", _number(int, 1, MAX_POOL), "runs in flight at most"
+    ),
     Option(
         "poll",
         "--poll",
         "EVERYSTEP_POLL",
-        _number(float, 0, above=True),
+        _number(float, 0, HOUR, above=True),
         "seconds between claims when idle",
     ),
     Option(
@@ -116,7 +128,7 @@ OPTIONS = (
         "drain",
         "--drain",
         "EVERYSTEP_DRAIN",
-        _number(float, 0),
+        _number(float, 0, DAY),
         "seconds to finish in-flight steps on SIGTERM; 0 waits forever",
     ),
     Option(
@@ -139,7 +151,7 @@ OPTIONS = (
         "db_deadline",
         "--db-deadline",
         "EVERYSTEP_DB_DEADLINE",
-        _number(float, 1),
+        _number(float, 1, HOUR),
         "seconds any one of the worker's own database operations may take before its "
         "connection is given up as silent",
     ),
@@ -147,7 +159,7 @@ OPTIONS = (
         "wait_for_migrations",
         "--wait-for-migrations",
         "EVERYSTEP_WAIT_FOR_MIGRATIONS",
-        _number(float, 0),
+        _number(float, 0, DAY),
         "seconds to wait at start for the database's migrations (a release process started "
         "beside the worker); 0 refuses to start while any is pending",
     ),
