@@ -142,6 +142,14 @@ def _check_directory(path):
             f"(uid {os.getuid()}): mount a writable volume there (the image's /app/data), "
             "or fix its permissions"
         )
+    for written in (path, f"{path}-wal", f"{path}-shm"):
+        if os.path.exists(written) and not os.access(written, os.R_OK | os.W_OK):
+            owner = os.stat(written).st_uid
+            raise DatabaseURLError(
+                f"the SQLite file {os.path.abspath(written)} is not writable by this user "
+                f"(uid {os.getuid()}; it is uid {owner}'s): run as that uid, or let the group "
+                f"write it (chmod g+w)"
+            )
 
 
 def _check_database_name(scheme, settings):

@@ -6,6 +6,8 @@ import secrets
 
 from everystep_config.database import database_settings
 
+from everystep.observe import logs
+
 
 def django_settings(env, *, workflows=(), ui=False):
     """Settings for ``django.conf.settings.configure()``; `workflows` are the
@@ -61,15 +63,7 @@ def ui_settings(env):
 def logging_config(env):
     """`logging.config.dictConfig` input: everything to stderr, as text or
     one JSON object per line, at the configured level."""
-    if env.log_format == "json":
-        formatter = {
-            "()": "pythonjsonlogger.json.JsonFormatter",
-            "fmt": "%(levelname)s %(name)s %(message)s",
-            "timestamp": "time",  # ISO 8601, in UTC
-            "rename_fields": {"levelname": "level", "name": "logger"},
-        }
-    else:
-        formatter = {"()": "everystep.observe.logs.TextFormatter"}
+    formatter = {"()": f"everystep.observe.logs.{logs.FORMATTERS[env.log_format].__name__}"}
     return {
         "version": 1,
         "disable_existing_loggers": False,

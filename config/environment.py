@@ -11,11 +11,10 @@ import urllib.parse
 import environ
 from everystep_config.database import DatabaseURLError, database_settings, url_secrets
 
+from everystep.observe import logs
 from everystep.worker import options
 
 DEFAULT_DATABASE_URL = "sqlite:///everystep.sqlite3"
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-LOG_FORMATS = ("text", "json")
 
 
 class ConfigError(Exception):
@@ -124,11 +123,11 @@ class Environment:
         None, converter=_listing(","), help="extra Django apps, comma-separated"
     )
     log_level = environ.var(
-        "INFO", converter=_choice("EVERYSTEP_LOG_LEVEL", LOG_LEVELS, str.upper), help="log level"
+        "INFO", converter=_choice("EVERYSTEP_LOG_LEVEL", logs.LEVELS, str.upper), help="log level"
     )
     log_format = environ.var(
         "text",
-        converter=_choice("EVERYSTEP_LOG_FORMAT", LOG_FORMATS),
+        converter=_choice("EVERYSTEP_LOG_FORMAT", logs.FORMATS),
         help="text, or json (one object per line)",
     )
     django_settings_module = environ.var(

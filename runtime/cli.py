@@ -126,7 +126,11 @@ def build_parser():
         "--status",
         help="scheduled, running, completed, failed, stopped, blocked or cancelled",
     )
-    runs.add_argument("--workflow", metavar="NAME", help="runs of this workflow (qualified name)")
+    runs.add_argument(
+        "--workflow",
+        metavar="NAME",
+        help="runs of this workflow: module.function, or a unique function name",
+    )
     runs.add_argument("--worker", metavar="NAME", help="runs claimed by this worker")
     runs.add_argument(
         "--since", metavar="TIME", help="created since TIME (ISO 8601) or a duration ago (2h, 1d)"

@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import sys
 import textwrap
 
@@ -63,15 +64,10 @@ def runs(env, args):
     from everystep.db import reads
     from everystep.errors import EverystepError
 
-    if args.workflow and "." not in args.workflow:
-        raise UsageError(
-            f"--workflow {args.workflow!r}: give the qualified name, module.function "
-            f"(runs of workflows no longer deployed are listed too)"
-        )
     try:
         run_filter = reads.RunFilter(
             status=args.status,
-            workflow=args.workflow,
+            workflow=_workflow_name(args.workflow),
             worker=args.worker,
             created_after=_since(args.since) if args.since else None,
         )
@@ -86,6 +82,22 @@ def runs(env, args):
             f"{run.id}  {run.status:<9}  {run.name}  created {run.created_at:%Y-%m-%d %H:%M:%S}"
             + (f"  by {run.claimed_by}" if run.claimed_by else "")
         )
+
+
+def _workflow_name(name):
+    """``--workflow``: a qualified name as given (a workflow no longer
+    deployed has runs too), or a function name as `schedule` takes it."""
+    from everystep.core import registry
+
+    if name is None or "." in name:
+        return name
+    try:
+        return registry.find(name)
+    except LookupError as exc:
+        raise UsageError(
+            f"--workflow {name!r}: {exc}; give the qualified name, module.function, of a "
+            f"workflow not registered here"
+        ) from None
 
 
 def _since(text):
@@ -307,7 +319,8 @@ def _sqlite_migration_lock():
     at a time: a release's ``migrate``, a worker and the UI started together
     on a new file would otherwise each create its tables. The lock is on the
     file's directory, which needs no file of its own and leaves SQLite's
-    locks on the database alone. Yields whether the database is SQLite."""
+    locks on the database alone. A new file is created under the lock
+    (`_create_sqlite_file`). Yields whether the database is SQLite."""
     import fcntl
 
     from django.db import connection
@@ -315,13 +328,31 @@ def _sqlite_migration_lock():
     if connection.vendor != "sqlite":
         yield False
         return
-    directory = os.path.dirname(os.path.abspath(connection.settings_dict["NAME"]))
-    descriptor = os.open(directory, os.O_RDONLY)
+    path = os.path.abspath(connection.settings_dict["NAME"])
+    descriptor = os.open(os.path.dirname(path), os.O_RDONLY)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)
+        _create_sqlite_file(path)
         yield True
     finally:
         os.close(descriptor)  # and with it the lock
+
+
+def _create_sqlite_file(path):
+    """Create the SQLite file at `path` if it is missing, writable by the
+    group when its directory is (the image's /app/data, shared by any uid
+    in group 0): SQLite gives its WAL and shared-memory files the same
+    mode, so another uid on the same volume can write them all."""
+    directory = os.path.dirname(path)
+    group_writable = os.stat(directory).st_mode & stat.S_IWGRP
+    try:
+        descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return
+    try:
+        os.fchmod(descriptor, 0o664 if group_writable else 0o644)
+    finally:
+        os.close(descriptor)
 
 
 def _migrate_or_wait(seconds):

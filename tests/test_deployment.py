@@ -145,6 +145,43 @@ def test_the_image_runs_as_any_uid_on_a_read_only_tree_answers_its_health_check_
     assert health_check().returncode != 0  # nothing answers once it has stopped
 
 
+def test_another_uid_in_group_0_writes_the_sqlite_file_on_the_same_volume(image_root):
+    """The file the first uid creates in /app/data is writable by the group,
+    as the directory is, so a second uid in group 0 (another platform-given
+    uid, a one-off job) writes it too; a file that is not says so, naming it."""
+    root, image, env = image_root
+    data = root / "app" / "data"
+
+    def run_as(uid, *args):
+        return subprocess.run(
+            as_image_user(root, image, list(args)),
+            env=env,
+            cwd=root / "app",
+            capture_output=True,
+            text=True,
+            user=uid,
+            group=0,
+            extra_groups=[],
+            timeout=120,
+        )
+
+    migrated = run_as(IMAGE_USER, "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    database = data / "everystep.sqlite3"
+    assert database.stat().st_mode & 0o777 == 0o664 and database.stat().st_uid == IMAGE_USER
+    order = '{"id": 2, "item": "desk", "quantity": 1, "card": "tok"}'
+    scheduled = run_as(UNPRIVILEGED, "schedule", "fulfil_order", order)
+    assert scheduled.returncode == 0, scheduled.stderr
+    listed = run_as(IMAGE_USER, "runs")
+    assert scheduled.stdout.strip() in listed.stdout, listed.stderr
+
+    database.chmod(0o644)
+    refused = run_as(UNPRIVILEGED, "schedule", "fulfil_order", order)
+    assert refused.returncode == 2, refused.stderr
+    assert f"the SQLite file {database} is not writable by this user" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
 def procfile():
     return dict(
         line.split(": ", 1) for line in (REPO / "Procfile").read_text().splitlines() if line.strip()

@@ -5,6 +5,7 @@ project's own tests run workflows with `everystep.testing` (Django's runner
 and pytest-django), the system checks name what is missing, and a worker
 started before the migrations waits for them when told to."""
 
+import json
 import re
 import signal
 import sys
@@ -40,6 +41,33 @@ def test_the_worker_shows_its_ready_line_claims_and_ends_with_times_and_levels(
     assert "ValueError: cannot charge -1" in failure
     worker.send(signal.SIGTERM)
     assert worker.wait() == 0
+
+
+def test_the_worker_honours_the_log_format_and_level_variables(fresh_project, spawn_process):
+    """``EVERYSTEP_LOG_FORMAT=json`` and ``EVERYSTEP_LOG_LEVEL=DEBUG`` work
+    for ``manage.py everystep_worker`` as for the standalone worker; a value
+    that is neither is refused in one line, exit status 2."""
+    project = fresh_project()
+    project.must("migrate")
+    (run,) = project.schedule([4, "lamp", 1])
+    command = [sys.executable, "manage.py", "everystep_worker", "--name", "w1"]
+    env = {**project.env, "EVERYSTEP_LOG_FORMAT": "json", "EVERYSTEP_LOG_LEVEL": "debug"}
+    worker = spawn_process("worker", command, env=env, cwd=project.path)
+    worker.wait_for_log(f"run {run} orders.workflows.fulfil completed")
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0
+    lines = [json.loads(line) for line in worker.log().splitlines() if line.startswith("{")]
+    actions = {line.get("action"): line for line in lines}
+    assert actions["run_completed"]["level"] == "INFO"
+    assert actions["run_completed"]["run_id"] == run
+    assert actions["attempt_started"]["level"] == "DEBUG"  # shown at DEBUG only
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+
+    env["EVERYSTEP_LOG_FORMAT"] = "xml"
+    refused = spawn_process("refused", command, env=env, cwd=project.path)
+    assert refused.wait() == 2
+    assert "EVERYSTEP_LOG_FORMAT='xml' is not one of: text, json" in refused.log()
+    assert "Traceback" not in refused.log()
 
 
 def test_a_project_that_configures_logging_keeps_its_own(fresh_project, spawn_process):

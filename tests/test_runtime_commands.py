@@ -167,13 +167,14 @@ def test_runs_filters_as_the_ui_does_and_its_json_is_the_apis(everystep):
     assert everything[1]["steps"] == {"total": 1, "done": 1, "failed": 0}
     by_workflow = listed("--workflow", "tests.workflows.pay")
     assert [r["id"] for r in by_workflow] == [str(cancelled.id), str(pay.id)]
+    assert listed("--workflow", "pay") == by_workflow  # the short name schedule takes
     assert [r["id"] for r in listed("--status", "cancelled")] == [str(cancelled.id)]
     assert len(listed("--since", "1h")) == 3
     tomorrow = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=1)).isoformat()
     assert listed("--since", tomorrow) == []
     today = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d")  # a date, not seconds
     assert len(listed("--since", today)) == 3
-    for bad in (["--since", "yesterday"], ["--status", "done"], ["--workflow", "pay"]):
+    for bad in (["--since", "yesterday"], ["--status", "done"], ["--workflow", "nosuch"]):
         result = everystep("runs", *bad)
         assert result.returncode == 2
         assert bad[1] in one_line_error(result)

@@ -23,9 +23,13 @@ class Command(BaseCommand):
         options.add_arguments(parser)
 
     def handle(self, **flags):
+        try:
+            level, log_format = logs.settings_from(os.environ)
+        except ValueError as exc:
+            raise CommandError(str(exc), returncode=2) from None
         # A new project configures no logging for everystep: show what the
         # worker does all the same (a project's own configuration wins).
-        logs.show_by_default()
+        logs.show_by_default(level, log_format)
         import_error = apps.get_app_config("everystep").import_error
         if import_error is not None:
             raise CommandError(import_error, returncode=2)
