@@ -15,7 +15,9 @@ def django_settings(env, *, workflows=(), ui=False):
     operator UI needs."""
     settings = {
         "DATABASES": {"default": database_settings(env.effective_database_url)},
-        "INSTALLED_APPS": ["everystep", *env.installed_apps],
+        # Sessions, for the UI's sign-ins: kept in the database, so a
+        # sign-out ends one for good and replicas share them.
+        "INSTALLED_APPS": ["everystep", "django.contrib.sessions", *env.installed_apps],
         "EVERYSTEP_WORKFLOWS": list(workflows),
         "USE_TZ": True,
         "TIME_ZONE": "UTC",
@@ -29,13 +31,16 @@ def django_settings(env, *, workflows=(), ui=False):
 
 def ui_settings(env):
     """The standalone operator UI: its one user signed in by password (no
-    user tables: the session is a signed cookie), CSRF-checked forms, the
-    templates of the everystep app, and its URLs at the root."""
+    user tables: a session in the database, for 12 hours at most), CSRF-
+    checked forms, cookies ``Secure`` over TLS, the templates of the
+    everystep app, and its URLs at the root."""
     return {
         "SECRET_KEY": env.ui.secret_key or secrets.token_urlsafe(50),
         "ROOT_URLCONF": "everystep_config.urls",
         "ALLOWED_HOSTS": ["*"],  # reached through any name; every page needs the password
         "MIDDLEWARE": [
+            # First, so that it sees the cookies every other one has set.
+            "everystep.ui.security.SecureCookies",
             "django.middleware.security.SecurityMiddleware",
             "django.contrib.sessions.middleware.SessionMiddleware",
             "django.middleware.csrf.CsrfViewMiddleware",
@@ -48,7 +53,8 @@ def ui_settings(env):
                 "OPTIONS": {"context_processors": ["django.template.context_processors.request"]},
             }
         ],
-        "SESSION_ENGINE": "django.contrib.sessions.backends.signed_cookies",
+        "SESSION_ENGINE": "django.contrib.sessions.backends.db",
+        "SESSION_COOKIE_AGE": 12 * 3600,
         "SESSION_COOKIE_NAME": "everystep_session",
         "SESSION_COOKIE_HTTPONLY": True,
         "SESSION_COOKIE_SAMESITE": "Lax",
@@ -57,6 +63,8 @@ def ui_settings(env):
         "CSRF_TRUSTED_ORIGINS": env.ui.trusted_origins,
         "EVERYSTEP_UI_PASSWORD": env.ui.password,
         "EVERYSTEP_UI_READ_ONLY": env.ui.read_only,
+        # Below the server's 16 threads: past it, pages poll instead.
+        "EVERYSTEP_UI_MAX_STREAMS": 8,
     }
 
 

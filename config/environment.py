@@ -91,6 +91,12 @@ class UI:
         help="comma-separated origins the UI is reached at through a proxy that ends TLS, "
         "such as https://ops.example.com (its forms are refused from any other)",
     )
+    trusted_proxy = environ.var(
+        None,
+        help="the address of the proxy in front of `ui` (* for any): its X-Forwarded-Proto and "
+        "X-Forwarded-For are believed, so cookies are Secure over TLS and sign-ins are counted "
+        "per client; without it they are removed",
+    )
     secret_key = environ.var(
         None,
         help="signs the UI's login sessions; without it a random key is drawn at each start, "

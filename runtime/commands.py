@@ -16,6 +16,9 @@ from everystep_runtime.errors import Failure, UsageError
 SECRET_OPTIONS = ("password", "sslpassword", "passwd")
 # Requests the UI serves at once; each live page holds one for its stream.
 UI_THREADS = 16
+UI_CONNECTIONS = 500  # open connections at most; waitress stops accepting past it
+UI_IDLE_SECONDS = 15  # a connection that sends and receives nothing is closed (streams ping)
+UI_MAX_BODY = 4 * 1024 * 1024  # bytes; a larger request body is refused with 413
 
 
 def worker(env, args):
@@ -189,7 +192,18 @@ def ui(env, args):
     application = get_wsgi_application()
     try:
         server = create_server(
-            application, host=bind, port=port, threads=UI_THREADS, ident="everystep"
+            application,
+            host=bind,
+            port=port,
+            threads=UI_THREADS,
+            ident="everystep",
+            # Many clients, but none may hold a connection idle for long,
+            # nor send a body larger than an action's form.
+            connection_limit=UI_CONNECTIONS,
+            channel_timeout=UI_IDLE_SECONDS,
+            cleanup_interval=2,
+            max_request_body_size=UI_MAX_BODY,
+            **_proxy(env.ui.trusted_proxy),
         )
     except OSError as exc:
         raise UsageError(f"cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
@@ -355,6 +369,18 @@ def _create_sqlite_file(path):
         os.close(descriptor)
 
 
+def _proxy(address):
+    """waitress's settings for a trusted proxy at `address`: it alone may say
+    which scheme and which client a request came with."""
+    if not address:
+        return {}
+    return {
+        "trusted_proxy": address,
+        "trusted_proxy_headers": {"x-forwarded-proto", "x-forwarded-for"},
+        "trusted_proxy_count": 1,
+    }
+
+
 def _migrate_or_wait(seconds):
     """SQLite is migrated on the spot; a server database's migrations are
     waited for up to `seconds` (a release process started beside this one),
@@ -441,6 +467,8 @@ def _json_argument(text, index):
         raise UsageError(
             f"argument {index} is nested too deeply: pass a flatter JSON value"
         ) from None
+    except ValueError as exc:  # a number too long for Python to convert
+        raise UsageError(f"argument {index} is not valid JSON ({exc}): {_excerpt(text)}") from None
 
 
 def _excerpt(text, length=60):

@@ -14,6 +14,10 @@ NEEDS_WORKFLOWS = {"worker", "schedule", "schedules"}
 IMPORTS_WORKFLOWS = NEEDS_WORKFLOWS | {"check", "ui"}
 
 
+#: The shortest password the standalone operator UI accepts.
+MIN_PASSWORD_LENGTH = 12
+
+
 def read_environment(environ):
     """The `Environment`, or `UsageError` naming the bad variable."""
     from everystep_config.environment import ConfigError, load
@@ -36,10 +40,17 @@ def configure(env, command):
         raise UsageError(
             "EVERYSTEP_WORKFLOWS is not set: name the modules that define your workflows"
         )
-    if command == "ui" and env.django_settings_module is None and not env.ui.password:
-        raise UsageError(
-            "EVERYSTEP_UI_PASSWORD is not set: the operator UI needs a password for its user, admin"
-        )
+    if command == "ui" and env.django_settings_module is None:
+        if not env.ui.password:
+            raise UsageError(
+                "EVERYSTEP_UI_PASSWORD is not set: the operator UI needs a password for its "
+                "user, admin"
+            )
+        if len(env.ui.password) < MIN_PASSWORD_LENGTH:
+            raise UsageError(
+                f"EVERYSTEP_UI_PASSWORD is {len(env.ui.password)} characters long: the operator "
+                f"UI needs at least {MIN_PASSWORD_LENGTH} (a phrase of a few words will do)"
+            )
     workflows = env.workflows if command in IMPORTS_WORKFLOWS else []
     sys.path[:0] = [os.path.abspath(entry) for entry in (env.path or [os.curdir])]
     if env.django_settings_module is None:
@@ -99,6 +110,9 @@ def _init_sentry(env):
             environment=env.sentry_environment,
             release=env.sentry_release,
             send_default_pii=False,
+            # A frame's locals hold a run's arguments and its steps' results:
+            # the user's data, which an error report must not carry.
+            include_local_variables=False,
         )
     except BadDsn:
         raise UsageError("SENTRY_DSN is not a valid Sentry DSN") from None

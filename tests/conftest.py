@@ -1,5 +1,6 @@
 """Fixtures every test shares: a clean fault hook, step-call counters, and
-(from their modules) worker processes, embedded workers and the zipapp."""
+(from their modules) worker processes, embedded workers, the zipapp and
+the standalone UI."""
 
 import datetime
 
@@ -8,6 +9,7 @@ import pytest
 from tests import workflows
 from tests.faultproxy import fault_proxy  # noqa: F401
 from tests.freshproject import fresh_project  # noqa: F401
+from tests.uiprocess import start_ui  # noqa: F401
 from tests.workerproc import embedded_worker, spawn_process, spawn_worker  # noqa: F401
 from tests.zipapp import pyz  # noqa: F401
 

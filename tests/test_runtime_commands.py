@@ -384,7 +384,7 @@ def test_a_worker_and_the_ui_started_together_on_a_new_sqlite_file_both_start(
         port = free_port()
         env = workflow_environment(
             url=f"sqlite:///{data}/everystep.sqlite3",
-            EVERYSTEP_UI_PASSWORD="together",
+            EVERYSTEP_UI_PASSWORD="together-at-last",
             EVERYSTEP_NAME=f"together-{attempt}",
         )
         worker = spawn_process("worker", [str(pyz), "worker"], env=env, cwd=tmp_path)

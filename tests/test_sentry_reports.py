@@ -104,6 +104,9 @@ def test_a_failed_run_of_a_zipapp_worker_is_reported_once_with_its_context(
     assert len(events) == 1, [describe(e) for e in events]
     assert_failing_body_report(event, run, "reporter")
     assert fake_sentry.rejected == []
+    # A frame's locals hold a run's arguments and its steps' results: none is sent.
+    frames = event["exception"]["values"][-1]["stacktrace"]["frames"]
+    assert [frame for frame in frames if "vars" in frame] == []
 
 
 def test_stopped_completed_and_drained_runs_of_a_zipapp_worker_are_not_reported(

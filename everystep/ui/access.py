@@ -7,7 +7,8 @@ Two ways, chosen by the settings:
   ``everystep.view_workflow`` permission, acting ``everystep.change_workflow``.
 - With ``EVERYSTEP_UI_PASSWORD`` set (the standalone ``everystep ui``), one
   user, `USER`, signed in by the login form (a session) or by HTTP basic
-  auth; ``EVERYSTEP_UI_READ_ONLY`` takes every action away.
+  auth; ``EVERYSTEP_UI_READ_ONLY`` takes every action away. Failed
+  sign-ins are logged and throttled (`everystep.ui.throttle`).
 
 Actions are POSTs checked against the CSRF token whatever the project's
 middleware, and each is logged with the user who made it (`acted`).
@@ -25,12 +26,15 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_protect
 
-from everystep.ui import responses
+from everystep.ui import responses, throttle
 
 logger = logging.getLogger("everystep.ui")
 
 USER = "admin"
 SESSION_KEY = "everystep_ui_user"
+#: The password a session was signed in with, as a keyed digest: a session
+#: from before the password changed is no longer signed in.
+PASSWORD_KEY = "everystep_ui_password"
 
 
 def password():
@@ -48,27 +52,77 @@ def user_of(request):
         user = getattr(request, "user", None)
         return user.get_username() if user is not None and user.is_authenticated else None
     session = getattr(request, "session", None)
-    if session is not None and session.get(SESSION_KEY) == USER:
+    if (
+        session is not None
+        and session.get(SESSION_KEY) == USER
+        and hmac.compare_digest(session.get(PASSWORD_KEY, ""), password_digest())
+    ):
         return USER
     return USER if basic_auth_ok(request) else None
 
 
+def signed_in(request):
+    """Sign the request's session in (a new session key), for the current
+    password; expired sessions are cleared on the way."""
+    request.session.cycle_key()
+    request.session[SESSION_KEY] = USER
+    request.session[PASSWORD_KEY] = password_digest()
+    request.session.clear_expired()
+
+
+def password_digest():
+    """The standalone password, digested with the secret key."""
+    key = settings.SECRET_KEY.encode()
+    return hmac.new(key, (password() or "").encode(), "sha256").hexdigest()
+
+
+class Throttled(Exception):
+    """Too many failed sign-ins: the password is not checked for `seconds`."""
+
+    def __init__(self, seconds):
+        super().__init__(f"too many failed sign-ins: try again in {seconds:.0f} s")
+        self.seconds = seconds
+
+
 def basic_auth_ok(request):
-    """Whether the request carries `USER` and the password by basic auth."""
+    """Whether the request carries `USER` and the password by basic auth.
+    Raises `Throttled` instead of checking while sign-ins are throttled."""
     scheme, _, encoded = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "basic":
         return False
     try:
         user, _, given = base64.b64decode(encoded, validate=True).decode().partition(":")
     except (binascii.Error, UnicodeDecodeError):
-        return False
-    return check_password(given) and user == USER
+        user, given = None, ""
+    return sign_in(request, user, given, "basic auth")
 
 
-def check_password(given):
-    """Whether `given` is the standalone password (in constant time)."""
+def sign_in(request, user, given, how):
+    """Whether `user` and the password `given` are the standalone UI's, for
+    a sign-in by `how` (the login form, basic auth): checked in constant
+    time, unless too many sign-ins failed lately (`Throttled`); a failure is
+    logged with the client's address."""
+    client = request.META.get("REMOTE_ADDR", "?")
+    wait = throttle.sign_ins.wait(client)
+    if wait > 0:
+        raise Throttled(wait)
     expected = password()
-    return expected is not None and hmac.compare_digest(given.encode(), expected.encode())
+    ok = (
+        expected is not None
+        and hmac.compare_digest(given.encode(), expected.encode())
+        and user == USER
+    )
+    if ok:
+        throttle.sign_ins.succeeded(client)
+        return True
+    throttle.sign_ins.failed(client)
+    logger.warning(
+        "failed login to the operator UI from %s by %s",
+        client,
+        how,
+        extra={"action": "ui_login_failed", "client": client, "how": how},
+    )
+    return False
 
 
 def may_view(request):
@@ -91,7 +145,12 @@ def viewer(view=None, *, api=False):
 
     @functools.wraps(view)
     def checked(request, *args, **kwargs):
-        user = user_of(request)
+        try:
+            user = user_of(request)
+        except Throttled as exc:
+            response = responses.problem(request, 429, str(exc), api=api)
+            response["Retry-After"] = str(max(1, round(exc.seconds)))
+            return response
         if user is None:
             return _unauthenticated(request, api)
         if not may_view(request):
@@ -127,7 +186,24 @@ def acted(request, action, message, **fields):
     """Log an action with the user who made it: one INFO line, with
     ``action`` and ``user`` among its extras."""
     user = request.everystep_user
-    logger.info("%s by %s", message, user, extra={"action": f"ui_{action}", "user": user, **fields})
+    fields = {key: _one_line(value) for key, value in fields.items()}
+    logger.info(
+        "%s by %s",
+        _one_line(message),
+        user,
+        extra={"action": f"ui_{action}", "user": user, **fields},
+    )
+
+
+def _one_line(value):
+    """`value` with its line breaks and other control characters escaped:
+    text typed into a form cannot forge a line of the audit log."""
+    if not isinstance(value, str):
+        return value
+    return "".join(
+        char if char.isprintable() or char == " " else char.encode("unicode_escape").decode()
+        for char in value
+    )
 
 
 def _unauthenticated(request, api):

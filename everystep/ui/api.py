@@ -8,12 +8,15 @@ changes, checked every `TICK` seconds. Each event's id is a digest of its
 data, so a client reconnecting with ``Last-Event-ID`` is sent nothing it
 has. A stream ends after `STREAM_SECONDS` (a WSGI worker is not held for
 ever, and a proxy's idle timeout never cuts it); the browser reconnects
-by itself.
+by itself. A stream holds a server thread: at most
+``EVERYSTEP_UI_MAX_STREAMS`` (`MAX_STREAMS`) are open at once, and one
+more is refused with 503, which sends its page to polling.
 """
 
 import threading
 import time
 
+from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
 from django.http import StreamingHttpResponse
 from django.views.decorators.cache import never_cache
@@ -24,8 +27,11 @@ from everystep.ui import access, responses, snapshots
 TICK = 1.0
 PING_SECONDS = 5.0
 STREAM_SECONDS = 25.0
+MAX_STREAMS = 8  # the default of the EVERYSTEP_UI_MAX_STREAMS setting
 
 _stopping = threading.Event()
+_open = 0  # streams open now
+_open_lock = threading.Lock()
 
 
 def stop_streams():
@@ -89,13 +95,53 @@ def stream(request):
         return responses.json({"error": str(exc)}, status=404)
     except EverystepError as exc:
         return responses.json({"error": str(exc)}, status=400)
+    if not _take_a_stream():
+        return responses.json(
+            {"error": "too many live streams open: poll api/ instead"}, status=503
+        )
     # A page names the data it was rendered with: nothing is sent until it changes.
     last_id = request.headers.get("Last-Event-ID") or request.GET.get("last")
-    events = _events(build, first, last_id)
+    events = _Counted(_events(build, first, last_id))
     response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
     return response
+
+
+def _take_a_stream():
+    """Count one more open stream, unless that would pass the cap."""
+    global _open
+    cap = getattr(settings, "EVERYSTEP_UI_MAX_STREAMS", MAX_STREAMS)
+    with _open_lock:
+        if _open >= cap:
+            return False
+        _open += 1
+        return True
+
+
+class _Counted:
+    """A stream's events; its count is given back when the server closes it
+    (as a WSGI server does with every response, sent whole or cut off),
+    even one never started."""
+
+    def __init__(self, events):
+        self._events = events
+        self._closed = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._events)
+
+    def close(self):
+        global _open
+        if self._closed:
+            return
+        self._closed = True
+        self._events.close()
+        with _open_lock:
+            _open -= 1
 
 
 def _events(build, data, last_id):

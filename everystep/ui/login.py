@@ -28,26 +28,29 @@ def login(request):
         from django.contrib.auth.views import redirect_to_login
 
         return redirect_to_login(next_page or reverse("everystep:runs"))
-    error = None
+    error, status, wait = None, 200, 0
     if request.method == "POST":
-        if request.POST.get("username", access.USER) == access.USER and access.check_password(
-            request.POST.get("password", "")
-        ):
-            request.session.cycle_key()
-            request.session[access.SESSION_KEY] = access.USER
-            return redirect(next_page or reverse("everystep:runs"))
-        error = "Wrong user name or password."
-        access.logger.warning(
-            "failed login to the operator UI from %s",
-            request.META.get("REMOTE_ADDR", "?"),
-            extra={"action": "ui_login_failed"},
-        )
+        user = request.POST.get("username", access.USER)
+        try:
+            if access.sign_in(request, user, request.POST.get("password", ""), "the login form"):
+                access.signed_in(request)
+                return redirect(next_page or reverse("everystep:runs"))
+            error, status = "Wrong user name or password.", 401
+        except access.Throttled as exc:
+            error, status, wait = (
+                f"Too many failed sign-ins: try again in {exc.seconds:.0f} s.",
+                429,
+                exc.seconds,
+            )
     body = render_to_string(
         "everystep/login.html",
         {"next": next_page, "error": error, "user_name": access.USER},
         request=request,
     )
-    return HttpResponse(body, status=401 if error else 200)
+    response = HttpResponse(body, status=status)
+    if wait:
+        response["Retry-After"] = str(max(1, round(wait)))
+    return response
 
 
 @csrf_protect

@@ -202,8 +202,10 @@ def _resolution(how, form):
         text = form.get("result", "")
         try:
             return {"result": json.loads(text)}
-        except (json.JSONDecodeError, RecursionError) as exc:
-            reason = getattr(exc, "msg", "nested too deeply")
+        except (ValueError, RecursionError) as exc:  # a JSONDecodeError is a ValueError
+            reason = getattr(exc, "msg", None) or (
+                "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            )
             raise BadForm(f"the result is not valid JSON ({reason}): {text[:60]!r}") from None
     if how == "error":
         message = form.get("error", "").strip()

@@ -20,7 +20,7 @@ class Command(BaseCommand):
         if result is not None:
             try:
                 resolution["result"] = json.loads(result)
-            except json.JSONDecodeError as exc:
+            except (ValueError, RecursionError) as exc:  # a JSONDecodeError is a ValueError
                 raise CommandError(f"--result is not valid JSON: {exc}", returncode=2) from None
         try:
             resolve_step(run_id, step_id, **resolution)
