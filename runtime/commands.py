@@ -1,15 +1,12 @@
 """The commands of ``everystep``, each ``command(env, args)`` returning an
 exit status or None. Django is configured before any of them runs."""
 
-import contextlib
-import json
 import os
 import signal
-import stat
-import sys
 import textwrap
 
 from django.core.management import CommandError, call_command
+from everystep_runtime import jsonargs, sqlite
 from everystep_runtime.errors import Failure, UsageError
 
 # Connection options whose value is a password (psycopg, PyMySQL).
@@ -26,7 +23,7 @@ def worker(env, args):
     flag over its environment variable (`everystep.worker.options`)."""
     from everystep.worker import options
 
-    _migrate_sqlite()  # a server database's migrations the worker checks (or waits for)
+    sqlite.migrate()  # a server database's migrations the worker checks (or waits for)
     flags = {option.field: getattr(args, option.field) for option in options.OPTIONS}
     _call(
         "everystep_worker", **{field: value for field, value in flags.items() if value is not None}
@@ -34,7 +31,7 @@ def worker(env, args):
 
 
 def migrate(env, args):
-    with _sqlite_migration_lock():
+    with sqlite.migration_lock():
         _call("migrate", verbosity=1)
 
 
@@ -47,7 +44,7 @@ def schedule(env, args):
         name = registry.find(args.workflow)
     except LookupError as exc:
         raise UsageError(f"{exc} (known: {', '.join(registry.names()) or 'none'})") from None
-    arguments = _json_arguments(args.args)
+    arguments = jsonargs.decoded(args.args)
     try:
         run = schedule_run(
             registry.get(name),
@@ -318,57 +315,6 @@ def _print_unclaimable():
         print(f"waiting:    {count} scheduled run(s) of {name}: no live worker has this workflow")
 
 
-def _migrate_sqlite():
-    """SQLite, the embedded default, is migrated on the spot."""
-    from everystep.db import schema
-
-    with _sqlite_migration_lock() as sqlite:
-        if sqlite and schema.pending_migrations():
-            call_command("migrate", verbosity=0)
-
-
-@contextlib.contextmanager
-def _sqlite_migration_lock():
-    """On SQLite, hold the lock under which its migrations run, one process
-    at a time: a release's ``migrate``, a worker and the UI started together
-    on a new file would otherwise each create its tables. The lock is on the
-    file's directory, which needs no file of its own and leaves SQLite's
-    locks on the database alone. A new file is created under the lock
-    (`_create_sqlite_file`). Yields whether the database is SQLite."""
-    import fcntl
-
-    from django.db import connection
-
-    if connection.vendor != "sqlite":
-        yield False
-        return
-    path = os.path.abspath(connection.settings_dict["NAME"])
-    descriptor = os.open(os.path.dirname(path), os.O_RDONLY)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-        _create_sqlite_file(path)
-        yield True
-    finally:
-        os.close(descriptor)  # and with it the lock
-
-
-def _create_sqlite_file(path):
-    """Create the SQLite file at `path` if it is missing, writable by the
-    group when its directory is (the image's /app/data, shared by any uid
-    in group 0): SQLite gives its WAL and shared-memory files the same
-    mode, so another uid on the same volume can write them all."""
-    directory = os.path.dirname(path)
-    group_writable = os.stat(directory).st_mode & stat.S_IWGRP
-    try:
-        descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    except FileExistsError:
-        return
-    try:
-        os.fchmod(descriptor, 0o664 if group_writable else 0o644)
-    finally:
-        os.close(descriptor)
-
-
 def _proxy(address):
     """waitress's settings for a trusted proxy at `address`: it alone may say
     which scheme and which client a request came with."""
@@ -388,7 +334,7 @@ def _migrate_or_wait(seconds):
     from everystep.db import schema
     from everystep.errors import ConfigurationError
 
-    _migrate_sqlite()
+    sqlite.migrate()
     try:
         schema.wait_for_migrations(seconds)
     except ConfigurationError as exc:
@@ -413,68 +359,6 @@ def _run_id(text):
         return ids.parse_run_id(text)
     except EverystepError as exc:
         raise UsageError(str(exc)) from None
-
-
-def _json_arguments(texts):
-    """`schedule`'s JSON_ARGs decoded: ``-`` is read from standard input
-    (once at most), ``@PATH`` from the file PATH, any other from itself."""
-    if texts.count("-") > 1:
-        raise UsageError("only one JSON_ARG can be - (standard input)")
-    return [
-        _json_argument(_argument_text(text, index), index) for index, text in enumerate(texts, 1)
-    ]
-
-
-def _argument_text(text, index):
-    if text == "-":
-        if sys.stdin is None:
-            raise UsageError(f"argument {index} is -, but standard input is closed")
-        return _read(sys.stdin.buffer, "standard input", index)
-    if not text.startswith("@"):
-        return text
-    path = text[1:]
-    try:
-        with open(path, "rb") as file:
-            return _read(file, repr(path), index)
-    except OSError as exc:
-        raise UsageError(f"argument {index}: cannot read {path!r}: {exc.strerror or exc}") from None
-
-
-def _read(file, source, index):
-    """The text of `file`, up to the most a stored record can hold."""
-    from everystep.core.serde import MAX_RECORD_BYTES
-
-    data = file.read(MAX_RECORD_BYTES + 1)
-    if len(data) > MAX_RECORD_BYTES:
-        raise UsageError(
-            f"argument {index}: {source} holds more than {MAX_RECORD_BYTES // 1048576} MiB, "
-            "the most a run's arguments can take: store large data elsewhere and pass a reference"
-        )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"argument {index}: {source} is not valid UTF-8") from None
-
-
-def _json_argument(text, index):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(
-            f"argument {index} is not valid JSON ({exc.msg}): {_excerpt(text)}"
-        ) from None
-    except RecursionError:
-        raise UsageError(
-            f"argument {index} is nested too deeply: pass a flatter JSON value"
-        ) from None
-    except ValueError as exc:  # a number too long for Python to convert
-        raise UsageError(f"argument {index} is not valid JSON ({exc}): {_excerpt(text)}") from None
-
-
-def _excerpt(text, length=60):
-    """`text` quoted, cut short if long: an error names the value, it does
-    not repeat a megabyte of it."""
-    return repr(text) if len(text) <= length else f"{text[:length]!r}... ({len(text)} characters)"
 
 
 def _plain_json(value):

@@ -9,9 +9,10 @@ import sys
 from everystep_runtime.errors import UsageError
 
 # Commands that run or schedule workflows need their modules imported; the
-# UI imports them when named, to draw their step graphs.
+# UI imports them when named, to draw their step graphs, and `runs` to read a
+# workflow's short name.
 NEEDS_WORKFLOWS = {"worker", "schedule", "schedules"}
-IMPORTS_WORKFLOWS = NEEDS_WORKFLOWS | {"check", "ui"}
+IMPORTS_WORKFLOWS = NEEDS_WORKFLOWS | {"check", "ui", "runs"}
 
 
 #: The shortest password the standalone operator UI accepts.
