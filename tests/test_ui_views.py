@@ -458,3 +458,64 @@ def test_a_workers_age_alone_does_not_make_the_stream_send_them_again():
     later = snapshots.encoded(snapshots.workers(now + datetime.timedelta(seconds=10)))
     assert first[0] != later[0]  # the age shown did change
     assert first[1] == later[1]  # but nothing a page must be sent again for
+
+
+def _run_of_many_steps(count):
+    run = Workflow.objects.create(name="tests.workflows.quick", args=[1], status="completed")
+    Step.objects.bulk_create(
+        (
+            Step(
+                workflow=run,
+                step_id=str(n),
+                name="tests.workflows.echo",
+                status="done",
+                args=[n],
+                kwargs={},
+                result=f"value {n}",
+            )
+            for n in range(1, count + 1)
+        ),
+        batch_size=5000,
+    )
+    return run
+
+
+def test_a_run_of_100000_steps_shows_a_page_of_them_and_draws_none(viewer):
+    """A page of 200 steps, links to the others, and no graph or timeline:
+    the page stays small whatever the run's length."""
+    run = _run_of_many_steps(100_000)
+    url = f"/everystep/run/{run.id}"
+    response = viewer.get(url)
+    page = text(response)
+    assert response.status_code == 200
+    assert len(response.content) < 1_000_000
+    assert page.count("<tr data-step=") == 200
+    assert "100000 steps · page 1 of 500" in page
+    assert "Not drawn: 100,000 steps, more than the 500 drawn." in page
+    assert 'data-step="1"' in page and 'data-step="201"' not in page
+    last = text(viewer.get(url, {"page": 500}))
+    assert 'data-step="100000"' in last and 'data-step="99800"' not in last
+    assert viewer.get(url, {"page": 501}).status_code == 404
+    data = json.loads(viewer.get(f"/everystep/api/run/{run.id}", {"page": 2}).content)
+    assert (data["steps_total"], data["steps_page"], len(data["steps"])) == (100_000, 2, 200)
+    assert data["steps"][0]["step_id"] == "201"
+
+
+def test_the_run_stream_reads_no_step_values_while_nothing_changes(viewer, monkeypatch):
+    """Each tick reads the run's fingerprint (its row and its steps'
+    count), not its steps: the page is rebuilt only when that changes."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from everystep.ui import api
+
+    monkeypatch.setattr(api, "TICK", 0.01)
+    monkeypatch.setattr(api, "STREAM_SECONDS", 0.5)
+    run = _run_of_many_steps(1_000)
+    response = viewer.get("/everystep/api/stream", {"view": "run", "id": str(run.id)})
+    with CaptureQueriesContext(connection) as queries:
+        body = b"".join(response.streaming_content).decode()
+    reading_steps = [q["sql"] for q in queries if '"result"' in q["sql"] or "`result`" in q["sql"]]
+    assert body.count("event: change") == 1  # the data, once; nothing changed since
+    assert len(queries) > 10  # ticked many times...
+    assert reading_steps == []  # ...without reading a step's values again

@@ -76,17 +76,7 @@ def retry(run_id):
                 f"run {run.id} is {run.status}, not failed: only a failed run can be retried"
             )
         steps.forget_failed(run.id)
-        runs.transition(
-            [run.id],
-            Status.FAILED,
-            Status.SCHEDULED,
-            error=None,
-            completed_at=None,
-            claimed_by=None,
-            claimed_at=None,
-            cancel_requested_at=None,  # a cancel asked before it failed is spent
-            run_at=clock.now(),
-        )
+        runs.reschedule(run.id, Status.FAILED, run_at=clock.now())
     return Status.SCHEDULED
 
 
@@ -118,17 +108,7 @@ def resolve_step(run_id, step_id, *, result=_UNSET, error=None, discard=False):
             steps.settle(step, Step.Status.FAILED, error=failure)
         else:
             steps.settle(step, Step.Status.DONE, result=result)
-        runs.transition(
-            [run.id],
-            Status.BLOCKED,
-            Status.SCHEDULED,
-            claimed_by=None,
-            claim_token=None,
-            claimed_at=None,
-            error=None,
-            completed_at=None,
-            cancel_requested_at=None,  # resolving it is asking it to go on
-        )
+        runs.reschedule(run.id, Status.BLOCKED, claim_token=None)
 
 
 class WorkerAlive(EverystepError):

@@ -20,7 +20,7 @@ import datetime
 import uuid
 
 from django.db import connection
-from django.db.models import Count, Q
+from django.db.models import Count, Max, Q, Sum
 
 from everystep.core import clock
 from everystep.core.ids import parse_run_id
@@ -238,13 +238,37 @@ def step_fields(step):
     }
 
 
-def run_with_steps(run_id):
-    """The run and its recorded steps in the order they were recorded;
-    `EverystepError` if there is no such run."""
+def run_with_steps(run_id, *, offset=0, limit=None):
+    """The run and its recorded steps in the order they were recorded — all
+    of them, or `limit` from `offset`; `EverystepError` if there is no such
+    run."""
     run = Workflow.objects.filter(id=parse_run_id(run_id)).first()
     if run is None:
         raise EverystepError(f"no run {run_id}")
-    return run, list(run.steps.order_by("id"))
+    steps = run.steps.order_by("id")
+    if limit is not None:
+        steps = steps[offset : offset + limit]
+    return run, list(steps)
+
+
+def step_count(run_id):
+    """How many steps the run has recorded; one query on its index."""
+    return Step.objects.filter(workflow_id=run_id).count()
+
+
+def run_fingerprint(run_id):
+    """A cheap token that changes whenever what the run's page shows does:
+    the run's own row, and its steps' count, newest record, finished ones
+    and calls; two queries, none of which reads a step's values."""
+    row = (
+        Workflow.objects.filter(id=parse_run_id(run_id))
+        .values_list("status", "claimed_by", "run_at", "completed_at", "cancel_requested_at")
+        .first()
+    )
+    steps = Step.objects.filter(workflow_id=parse_run_id(run_id)).aggregate(
+        count=Count("id"), newest=Max("id"), finished=Count("finished_at"), calls=Sum("attempts")
+    )
+    return (row, tuple(sorted(steps.items())))
 
 
 def unclaimable():

@@ -293,6 +293,20 @@ def requeue_runs(run_ids=None, *, claimed_by=None):
     return ids
 
 
+def reschedule(run_id, from_status, **fields):
+    """An operator's return of a finished or blocked run to ``scheduled``:
+    its error, end time, claim and any cancel asked of it are cleared (a
+    retried or resolved run is asked to go on), with `fields` set too."""
+    cleared = {
+        "error": None,
+        "completed_at": None,
+        "claimed_by": None,
+        "claimed_at": None,
+        "cancel_requested_at": None,
+    }
+    return transition([run_id], from_status, SCHEDULED, **cleared, **fields)
+
+
 def locked(run_id):
     """The run `run_id` (a UUID), its row locked until the transaction
     ends; `EverystepError` when there is no such run."""

@@ -21,6 +21,7 @@ from django.db import DatabaseError, close_old_connections, transaction
 from django.http import StreamingHttpResponse
 from django.views.decorators.cache import never_cache
 
+from everystep.db import reads
 from everystep.errors import EverystepError
 from everystep.ui import access, responses, snapshots
 
@@ -60,7 +61,7 @@ def runs(request):
 @access.viewer(api=True)
 @transaction.non_atomic_requests
 def run(request, run_id):
-    return _answer(lambda: snapshots.run(run_id))
+    return _answer(lambda: snapshots.run(run_id, request.GET.get("page", 1)))
 
 
 @never_cache
@@ -72,9 +73,14 @@ def workers(request):
 
 VIEWS = {
     "runs": lambda query: snapshots.runs(query),
-    "run": lambda query: snapshots.run(query.get("id", "")),
+    "run": lambda query: snapshots.run(query.get("id", ""), query.get("page", 1)),
     "workers": lambda query: snapshots.workers(),
     "blocked": lambda query: snapshots.blocked(),
+}
+#: What tells, cheaply, that a view's data may have changed: its data is
+#: built again only then (a run of many steps is not read every tick).
+FINGERPRINTS = {
+    "run": lambda query: reads.run_fingerprint(query.get("id", "")),
 }
 
 
@@ -101,7 +107,9 @@ def stream(request):
         )
     # A page names the data it was rendered with: nothing is sent until it changes.
     last_id = request.headers.get("Last-Event-ID") or request.GET.get("last")
-    events = _Counted(_events(build, first, last_id))
+    fingerprint = FINGERPRINTS.get(view)
+    changed = (lambda: fingerprint(request.GET)) if fingerprint else None
+    events = _Counted(_events(build, first, last_id, changed))
     response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
@@ -144,10 +152,14 @@ class _Counted:
             _open -= 1
 
 
-def _events(build, data, last_id):
+def _events(build, data, last_id, fingerprint=None):
+    """The stream's events: `data` (built by `build`) whenever its digest is
+    new. With a `fingerprint`, the data is built again only when that has
+    changed since the last build."""
     yield "retry: 1000\n\n"
     ends = time.monotonic() + STREAM_SECONDS
     last_sent = time.monotonic()
+    built_at = fingerprint() if fingerprint is not None else None
     while True:
         if data is not None:
             text, digest = snapshots.encoded(data)
@@ -160,6 +172,12 @@ def _events(build, data, last_id):
         if time.monotonic() >= ends or _stopping.wait(TICK):
             return
         try:
+            if fingerprint is not None:
+                now = fingerprint()
+                if now == built_at:
+                    data = None  # nothing changed: nothing to build or send
+                    continue
+                built_at = now
             data = build()
         except snapshots.NotFound:
             yield "event: gone\ndata: {}\n\n"

@@ -183,6 +183,11 @@ def _layered(run, nodes, recorded):
     )
 
 
+def not_drawn(reason):
+    """No drawing at all, and why."""
+    return Drawing(boxes=[], edges=[], width=0, height=0, fallback=reason)
+
+
 def _flat(run, steps, reason):
     """The recorded steps one under the other, in recording order."""
     boxes = [

@@ -1,8 +1,10 @@
 """What each view shows, as data: the pages render it, the JSON API returns
 it, and the live stream sends it again whenever it changes.
 
-Every function reads through `everystep.db.operations`, the same queries the
-command line uses.
+Every function reads through `everystep.db.reads`, the same queries the
+command line uses. A run is shown a page of `STEP_PAGE` steps at a time,
+and drawn (its graph, its timeline) only up to `MAX_DRAWN` steps: a run of
+a hundred thousand steps is a page like any other.
 """
 
 import dataclasses
@@ -10,6 +12,7 @@ import hashlib
 
 from django.utils import timezone
 
+from everystep.core import ids
 from everystep.core.serde import readable_json
 from everystep.db import reads
 from everystep.db import workers as workers_table
@@ -35,23 +38,55 @@ def runs(query):
     }
 
 
-def run(run_id, now=None):
-    """One run: its fields, decoded values, steps with their durations, and
-    its graph with live statuses. `NotFound` for an unknown id."""
+STEP_PAGE = 200  # steps shown at a time
+MAX_DRAWN = 500  # steps past which a run's graph and timeline are not drawn
+
+
+def run(run_id, page=1):
+    """One run: its fields, decoded values, page `page` (from 1) of its
+    steps with their durations, and — when it has few enough steps — its
+    graph with live statuses and its timeline. `NotFound` for an unknown
+    id or page."""
     try:
-        found, steps = reads.run_with_steps(run_id)
+        total = reads.step_count(ids.parse_run_id(run_id))
+        drawn = total <= MAX_DRAWN
+        pages = max(1, -(-total // STEP_PAGE))
+        page = _page_number(page, pages)
+        offset = (page - 1) * STEP_PAGE
+        if drawn:  # every step, for the drawings; the page is a slice of them
+            found, recorded = reads.run_with_steps(run_id)
+            shown = recorded[offset : offset + STEP_PAGE]
+        else:
+            found, shown = reads.run_with_steps(run_id, offset=offset, limit=STEP_PAGE)
+            recorded = None
     except EverystepError as exc:
         raise NotFound(str(exc)) from None
-    graph = drawing.step_graph(found, steps)
+    if drawn:
+        graph = drawing.step_graph(found, recorded)
+    else:
+        graph = drawing.not_drawn(f"{total:,} steps, more than the {MAX_DRAWN} drawn")
     return {
         **reads.run_fields(found),
         "args": found.args,
         "result": found.result,
         "error": found.error,
-        "steps": [{**reads.step_fields(step), "seconds": _seconds(step)} for step in steps],
+        "steps": [{**reads.step_fields(step), "seconds": _seconds(step)} for step in shown],
+        "steps_total": total,
+        "steps_page": page,
+        "steps_pages": pages,
         "graph": graph.as_dict(),
-        "_model": (found, steps, graph),
+        "_model": (found, shown, graph, recorded),
     }
+
+
+def _page_number(page, pages):
+    try:
+        number = int(page)
+    except (TypeError, ValueError):
+        raise NotFound(f"page {page!r} is not a page number") from None
+    if not 1 <= number <= pages:
+        raise NotFound(f"there is no page {number} of steps: pages 1 to {pages}")
+    return number
 
 
 def workers(now=None):

@@ -84,16 +84,17 @@ def runs(request):
 @transaction.non_atomic_requests
 def run(request, run_id):
     """One run: values, steps, graph, timeline; a blocked run's resolutions."""
+    page = request.GET.get("page", 1)
     try:
-        data = snapshots.run(run_id)
+        data = snapshots.run(run_id, page)
     except snapshots.NotFound as exc:
         return responses.problem(request, 404, str(exc))
-    return responses.page(request, "run", _common(request, **_run_context(data)))
+    return responses.page(request, "run", _common(request, **_run_context(data, page=page)))
 
 
-def _run_context(data, **extra):
-    found, steps, graph = data["_model"]
-    lanes, total = drawing.timeline(found, steps)
+def _run_context(data, page=1, **extra):
+    found, steps, graph, recorded = data["_model"]
+    lanes, total = drawing.timeline(found, recorded) if recorded is not None else ([], 0)
     return {
         "run": found,
         "data": data,
@@ -109,7 +110,7 @@ def _run_context(data, **extra):
         else [],
         "may_cancel": found.status in CANCELLABLE,
         "may_retry": found.status == Workflow.Status.FAILED,
-        "stream_query": _stream_query("run", {"id": str(found.id)}, data),
+        "stream_query": _stream_query("run", {"id": str(found.id), "page": page}, data),
         **extra,
     }
 
