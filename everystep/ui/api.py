@@ -8,9 +8,11 @@ changes, checked every `TICK` seconds. Each event's id is a digest of its
 data, so a client reconnecting with ``Last-Event-ID`` is sent nothing it
 has. A stream ends after `STREAM_SECONDS` (a WSGI worker is not held for
 ever, and a proxy's idle timeout never cuts it); the browser reconnects
-by itself. A stream holds a server thread: at most
-``EVERYSTEP_UI_MAX_STREAMS`` (`MAX_STREAMS`) are open at once, and one
-more is refused with 503, which sends its page to polling.
+by itself. A stream holds a server thread: with the setting
+``EVERYSTEP_UI_MAX_STREAMS`` (the standalone UI sets 8, half its threads),
+at most that many are open at once, and one more is refused with 503,
+which sends its page to polling. A Django project's server is its own to
+size: without the setting, streams are not counted.
 """
 
 import threading
@@ -28,7 +30,6 @@ from everystep.ui import access, responses, snapshots
 TICK = 1.0
 PING_SECONDS = 5.0
 STREAM_SECONDS = 25.0
-MAX_STREAMS = 8  # the default of the EVERYSTEP_UI_MAX_STREAMS setting
 
 _stopping = threading.Event()
 _open = 0  # streams open now
@@ -119,9 +120,9 @@ def stream(request):
 def _take_a_stream():
     """Count one more open stream, unless that would pass the cap."""
     global _open
-    cap = getattr(settings, "EVERYSTEP_UI_MAX_STREAMS", MAX_STREAMS)
+    cap = getattr(settings, "EVERYSTEP_UI_MAX_STREAMS", None)
     with _open_lock:
-        if _open >= cap:
+        if cap is not None and _open >= cap:
             return False
         _open += 1
         return True
