@@ -145,10 +145,14 @@ def test_the_image_runs_as_any_uid_on_a_read_only_tree_answers_its_health_check_
     assert health_check().returncode != 0  # nothing answers once it has stopped
 
 
-def test_another_uid_in_group_0_writes_the_sqlite_file_on_the_same_volume(image_root):
-    """The file the first uid creates in /app/data is writable by the group,
-    as the directory is, so a second uid in group 0 (another platform-given
-    uid, a one-off job) writes it too; a file that is not says so, naming it."""
+def test_another_uid_in_group_0_writes_the_sqlite_file_on_the_same_volume(
+    image_root, spawn_process
+):
+    """The files the first uid creates in /app/data serve a second uid in
+    group 0 (another platform-given uid, a one-off job): the database is
+    writable by the group, as the directory is, and a worker restarted under
+    the other uid takes its name's lock file again; a database file that is
+    not writable says so, naming it."""
     root, image, env = image_root
     data = root / "app" / "data"
 
@@ -174,6 +178,21 @@ def test_another_uid_in_group_0_writes_the_sqlite_file_on_the_same_volume(image_
     assert scheduled.returncode == 0, scheduled.stderr
     listed = run_as(IMAGE_USER, "runs")
     assert scheduled.stdout.strip() in listed.stdout, listed.stderr
+
+    named = {**env, "EVERYSTEP_NAME": "shared-name"}
+    for uid in (IMAGE_USER, UNPRIVILEGED):  # the same name, restarted under another uid
+        worker = spawn_process(
+            f"worker-{uid}",
+            as_image_user(root, image, ["worker"]),
+            env=named,
+            cwd=root / "app",
+            user=uid,
+            group=0,
+            extra_groups=[],
+        )
+        worker.wait_ready()
+        worker.send(signal.SIGTERM)
+        assert worker.wait() == 0, worker.log()
 
     database.chmod(0o644)
     refused = run_as(UNPRIVILEGED, "schedule", "fulfil_order", order)

@@ -233,7 +233,9 @@ class FileLock(NameLock):
         self._fd = None
 
     def try_acquire(self):
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        # Read-only: flock needs no more, and another uid of the volume's group
+        # (a restart under a platform-given uid) can open the file it made.
+        fd = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
