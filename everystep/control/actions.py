@@ -49,9 +49,7 @@ def cancel(run_id, reason=None):
     its status: ``cancelled``, or ``running`` when its runner was asked to
     stop at the next step boundary. `EverystepError` for a run that has
     finished, or no such run."""
-    run_id = parse_run_id(run_id)
-    with transaction.atomic():
-        run = runs.locked(run_id)
+    with _locked(run_id) as run:
         error = serde.encode_exception(Cancelled(reason or "cancelled by an operator"))
         if run.status in (Status.SCHEDULED, Status.BLOCKED):
             runs.transition([run.id], run.status, Status.CANCELLED, error=error)
@@ -68,9 +66,7 @@ def retry(run_id):
     """Return the failed run `run_id` to ``scheduled``, due now: its done
     steps replay, its failed steps run again. Returns ``scheduled``;
     `EverystepError` for a run that is not failed, or no such run."""
-    run_id = parse_run_id(run_id)
-    with transaction.atomic():
-        run = runs.locked(run_id)
+    with _locked(run_id) as run:
         if run.status != Status.FAILED:
             raise EverystepError(
                 f"run {run.id} is {run.status}, not failed: only a failed run can be retried"
@@ -92,12 +88,10 @@ def resolve_step(run_id, step_id, *, result=_UNSET, error=None, discard=False):
         raise EverystepError("give exactly one of a result, an error or discard")
     if result is not _UNSET:
         serde.to_json(result)
-    run_id = parse_run_id(run_id)
-    with transaction.atomic():
-        run = runs.locked(run_id)
+    with _locked(run_id) as run:
         if run.status != Status.BLOCKED:
             raise EverystepError(
-                f"run {run_id} is {run.status}, not blocked: only a blocked run's "
+                f"run {run.id} is {run.status}, not blocked: only a blocked run's "
                 f"started step can be resolved"
             )
         step = steps.started(run.id, step_id)
@@ -109,6 +103,14 @@ def resolve_step(run_id, step_id, *, result=_UNSET, error=None, discard=False):
         else:
             steps.settle(step, Step.Status.DONE, result=result)
         runs.reschedule(run.id, Status.BLOCKED, claim_token=None)
+
+
+@contextlib.contextmanager
+def _locked(run_id):
+    """The run `run_id` (as typed), its row locked for the block, which is
+    one transaction."""
+    with transaction.atomic():
+        yield runs.locked(parse_run_id(run_id))
 
 
 class WorkerAlive(EverystepError):

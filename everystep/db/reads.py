@@ -260,12 +260,13 @@ def run_fingerprint(run_id):
     """A cheap token that changes whenever what the run's page shows does:
     the run's own row, and its steps' count, newest record, finished ones
     and calls; two queries, none of which reads a step's values."""
+    run_id = parse_run_id(run_id)
     row = (
-        Workflow.objects.filter(id=parse_run_id(run_id))
+        Workflow.objects.filter(id=run_id)
         .values_list("status", "claimed_by", "run_at", "completed_at", "cancel_requested_at")
         .first()
     )
-    steps = Step.objects.filter(workflow_id=parse_run_id(run_id)).aggregate(
+    steps = Step.objects.filter(workflow_id=run_id).aggregate(
         count=Count("id"), newest=Max("id"), finished=Count("finished_at"), calls=Sum("attempts")
     )
     return (row, tuple(sorted(steps.items())))

@@ -62,7 +62,8 @@ def open_transaction(db):
     """Whether the connection `db` is in a transaction that workflow code
     opened by turning autocommit off (``transaction.set_autocommit(False)``)
     outside any atomic block: a record written there would be lost with it."""
-    return db.connection is not None and not db.in_atomic_block and not db.get_autocommit()
+    # Read as attributes: this runs twice for every step.
+    return db.connection is not None and not db.in_atomic_block and not db.autocommit
 
 
 def end_open_transaction():
