@@ -1,7 +1,7 @@
 """The claim at scale: does a claim slow down as finished runs, or runs
 waiting for a later time, pile up?
 
-`runs.claim(name, 8)` is timed on an idle queue (nothing due) and with 8
+`claims.claim(name, 8)` is timed on an idle queue (nothing due) and with 8
 runs scheduled, first with an empty table, then again after 1,000,000
 terminal runs (status ``completed``) were bulk-loaded by ``INSERT …
 SELECT`` statements that generate the rows in the database (100,000 a
@@ -24,20 +24,20 @@ from bench import workflows
 from bench.common import median
 from bench.db import Dialect, analyze
 from everystep import schedule
-from everystep.db import runs
+from everystep.db import claims
 from everystep.models import Workflow
 
 CHUNK = 100_000
 
 
 def claim_latency(samples, waiting):
-    """Median seconds of `runs.claim(…, 8)` with `waiting` runs scheduled."""
+    """Median seconds of `claims.claim(…, 8)` with `waiting` runs scheduled."""
     timings = []
     for _ in range(samples):
         with transaction.atomic():
             ids = [schedule(workflows.one_step).id for _ in range(waiting)]
         began = time.perf_counter()
-        claimed = runs.claim("bench-claims", 8)
+        claimed = claims.claim("bench-claims", 8)
         timings.append(time.perf_counter() - began)
         if len(claimed) != waiting:
             raise RuntimeError(f"claimed {len(claimed)} runs of {waiting} scheduled")

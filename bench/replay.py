@@ -16,20 +16,20 @@ from django.db import connection
 from bench import workflows
 from bench.common import RoundTrips, median
 from everystep import schedule
-from everystep.db import runs, steps
+from everystep.db import claims, steps
 from everystep.engine import runner
 from everystep.models import Workflow
 
 
 def measure(count=1000, repeat=5):
     run = schedule(workflows.steps, count)
-    runner.execute(runs.claim("bench-replay", 1)[0])
+    runner.execute(claims.claim("bench-replay", 1)[0])
     if Workflow.objects.get(id=run.id).status != "completed":
         raise RuntimeError("the run to replay did not complete")
     attempts, loads, statements = [], [], []
     for index in range(repeat + 1):  # the first attempt warms up
         Workflow.objects.filter(id=run.id).update(status="scheduled", claimed_by=None)
-        [claimed] = runs.claim("bench-replay", 1)
+        [claimed] = claims.claim("bench-replay", 1)
         trips = RoundTrips()
         with connection.execute_wrapper(trips):
             began = time.perf_counter()

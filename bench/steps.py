@@ -43,7 +43,7 @@ from bench.common import RoundTrips, median
 from bench.limits import PhysicalLimit
 from everystep import schedule
 from everystep.core import events
-from everystep.db import runs
+from everystep.db import claims
 from everystep.engine import runner
 from everystep.observe import metrics, tracing
 
@@ -62,7 +62,7 @@ def recorded_run(count):
     step, seconds per step spent in the driver, statements, write
     transactions (None off PostgreSQL)."""
     schedule(workflows.steps, count)
-    [claimed] = runs.claim("bench-steps", 1)
+    [claimed] = claims.claim("bench-steps", 1)
     trips = RoundTrips()
     first = transaction_id()
     with connection.execute_wrapper(trips):
@@ -90,7 +90,7 @@ def sequential_run():
     """Seconds to schedule, claim and execute a 5-step run on this thread."""
     began = time.perf_counter()
     schedule(workflows.five_steps)
-    [claimed] = runs.claim("bench-steps", 1)
+    [claimed] = claims.claim("bench-steps", 1)
     runner.execute(claimed)
     return time.perf_counter() - began
 

@@ -32,6 +32,7 @@ _NAMES = {
     "cancel": "everystep.control.actions",
     "retry": "everystep.control.actions",
     "Terminal": "everystep.errors",
+    "Queue": "everystep.core.queues",
 }
 # The modules a user reaches by name: ``everystep.context.current()``,
 # ``everystep.serde``, the test hook ``everystep.runner.fault``. Each lives

@@ -11,36 +11,46 @@ import sys
 import threading
 import time
 
-from everystep.core import clock, events, registry, retry_policy
+from everystep.core import clock, events, queues, registry, retry_policy
 from everystep.engine import context
 from everystep.errors import Cancelled, ClaimLost, EngineSignal, EverystepError, Terminal
 
 
-def workflow(func=None, *, cron=None, timezone="UTC", **options):
+def workflow(func=None, *, cron=None, timezone="UTC", queue=queues.DEFAULT, priority=0, **options):
     """Mark `func` as a workflow, registered as ``module.qualname``: bare
-    ``@workflow`` or ``@workflow(cron="*/5 * * * *", timezone="UTC")``.
+    ``@workflow`` or ``@workflow(cron="*/5 * * * *", queue="reports", priority=10)``.
 
     Called directly, it runs as a plain function. `schedule()` it to run it
     durably on a worker. With `cron`, the workers also run it, with no
     arguments, once per tick of the expression read in `timezone`
-    (`everystep.core.cron`). A bad expression or zone raises `EverystepError`
-    naming the workflow, when the module is imported.
+    (`everystep.core.cron`). Its runs wait in `queue` (an `everystep.Queue`
+    limits them) at `priority` (-100 to 100, higher first) unless
+    `schedule()` says otherwise. A bad expression, zone, queue name or
+    priority raises `EverystepError` naming the workflow, when the module
+    is imported.
     """
     if options:
         given = ", ".join(f"{option}=" for option in options)
         raise EverystepError(
-            f"@workflow takes cron= and timezone=, not {given}"
+            f"@workflow takes cron=, timezone=, queue= and priority=, not {given}"
             + (": retries are a step's option, @step(retries=...)" if "retries" in options else "")
         )
     if func is None:
-        return functools.partial(workflow, cron=cron, timezone=timezone)
+        return functools.partial(
+            workflow, cron=cron, timezone=timezone, queue=queue, priority=priority
+        )
+    name = registry.qualified_name(func)
+    try:
+        queues.check_name(queue)
+        queues.check_priority(priority)
+    except EverystepError as exc:
+        raise EverystepError(f"workflow {name}: {exc}") from None
     schedule = None
     if cron is not None:
         from everystep.core import cron as cron_schedules
 
-        name = registry.qualified_name(func)
         schedule = cron_schedules.schedule_for(func, name, cron, timezone)
-    func.__everystep_workflow__ = registry.register(func, schedule)
+    func.__everystep_workflow__ = registry.register(func, schedule, queue, priority)
     return func
 
 
@@ -176,7 +186,16 @@ def parallel(*branches, everystep_id=None):
     return tuple(results)
 
 
-def schedule(workflow_func, *args, idempotency_key=None, run_at=None, delay=None):
+def schedule(
+    workflow_func,
+    *args,
+    idempotency_key=None,
+    run_at=None,
+    delay=None,
+    queue=None,
+    priority=None,
+    concurrency_key=None,
+):
     """Insert a ``scheduled`` run of `workflow_func` in the caller's current
     transaction and return its `everystep.models.Workflow` row.
 
@@ -184,7 +203,9 @@ def schedule(workflow_func, *args, idempotency_key=None, run_at=None, delay=None
     back; with `run_at` (an aware datetime) or `delay` (a `timedelta` or
     seconds), not before that time. With `idempotency_key`, scheduling the
     same workflow with the same key again, concurrently or later, returns
-    the existing run.
+    the existing run. `queue` and `priority` override the workflow's;
+    `concurrency_key` is what a queue's ``key_concurrency`` counts by, and
+    a queue declared with one needs it.
     """
     name = getattr(workflow_func, "__everystep_workflow__", None)
     if name is None:
@@ -193,24 +214,40 @@ def schedule(workflow_func, *args, idempotency_key=None, run_at=None, delay=None
         isinstance(idempotency_key, str) and 0 < len(idempotency_key) <= 255
     ):
         raise EverystepError("idempotency_key must be a non-empty string of at most 255 characters")
+    default_queue, default_priority = registry.placement(name)
+    queue = queues.check_name(default_queue if queue is None else queue)
+    priority = queues.check_priority(default_priority if priority is None else priority)
+    queues.check_key(concurrency_key)
+    declared = queues.declared().get(queue)
+    if declared is not None and declared.key_concurrency is not None and concurrency_key is None:
+        raise EverystepError(
+            f"queue {queue!r} limits runs per concurrency_key: schedule its runs with one"
+        )
     due = clock.due_time(run_at, delay)
     from everystep.core import serde
     from everystep.db import runs
     from everystep.observe import tracing
 
     serde.to_json(list(args))  # refuse bad arguments before touching the database
-    return runs.insert_run(name, list(args), idempotency_key, tracing.current_context(), due)
+    return runs.insert_run(
+        name,
+        list(args),
+        idempotency_key,
+        tracing.current_context(),
+        due,
+        queue=queue,
+        priority=priority,
+        concurrency_key=concurrency_key,
+    )
 
 
-async def aschedule(workflow_func, *args, idempotency_key=None, run_at=None, delay=None):
-    """`schedule`, for async code (an async view, a consumer): the insert
-    runs on Django's thread for synchronous database work, in the
-    transaction open there, if any."""
+async def aschedule(workflow_func, *args, **options):
+    """`schedule`, for async code (an async view, a consumer), with the same
+    options: the insert runs on Django's thread for synchronous database
+    work, in the transaction open there, if any."""
     from asgiref.sync import sync_to_async
 
-    return await sync_to_async(schedule, thread_sensitive=True)(
-        workflow_func, *args, idempotency_key=idempotency_key, run_at=run_at, delay=delay
-    )
+    return await sync_to_async(schedule, thread_sensitive=True)(workflow_func, *args, **options)
 
 
 def sleep(duration, everystep_id=None):

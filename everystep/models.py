@@ -60,6 +60,15 @@ class Workflow(models.Model):
     #: The W3C trace context of the code that scheduled the run (§11), so
     #: that its attempts' spans join the trace that asked for it.
     trace_context = models.JSONField(null=True, blank=True)
+    #: The queue the run waits in and is limited by (`everystep.core.queues`).
+    queue = models.CharField(max_length=64, default="default")
+    #: Higher first, from -100 to 100; a run due long enough is claimed as
+    #: if at the top (`everystep.db.claims`).
+    priority = models.SmallIntegerField(default=0)
+    #: Runs of a queue with ``key_concurrency`` are limited per key.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)
+    #: When the run was first claimed: the start a queue's rate counts.
+    started_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "everystep_workflow"
@@ -84,6 +93,25 @@ class Workflow(models.Model):
 
     def __str__(self):
         return f"{self.name} {self.id} ({self.status})"
+
+
+class Queue(models.Model):
+    """A queue's limits as the workers last declared them: one row per
+    limited queue, written by each worker as it starts. A claim of the
+    queue's runs locks this row, so limits hold across workers."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    concurrency = models.IntegerField(null=True, blank=True)
+    key_concurrency = models.IntegerField(null=True, blank=True)
+    rate_limit = models.IntegerField(null=True, blank=True)
+    rate_seconds = models.FloatField(null=True, blank=True)
+    declared_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "everystep_queue"
+
+    def __str__(self):
+        return self.name
 
 
 class Step(models.Model):
@@ -151,6 +179,8 @@ class Worker(models.Model):
     in_flight = models.IntegerField(default=0)
     state = models.CharField(max_length=16, choices=State.choices, default=State.STARTING)
     workflows = models.JSONField(default=list)
+    #: The queues it serves; None when it serves every queue.
+    queues = models.JSONField(null=True, blank=True)
     started_at = models.DateTimeField(default=timezone.now)
     heartbeat_at = models.DateTimeField(default=timezone.now)
     stopped_at = models.DateTimeField(null=True, blank=True)

@@ -28,7 +28,7 @@ import datetime
 from django.db import connections
 
 from everystep.core import clock, registry
-from everystep.db import runs
+from everystep.db import claims
 from everystep.engine import context, runner
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import Workflow
@@ -71,14 +71,14 @@ def run_scheduled(*, until=None, max_attempts=1000):
         runner.execute(claimed)
 
     with _in_this_transaction(), _clock_that_jumps() as jump_to:
-        for claimed in runs.claim(WORKER, max_attempts, only_parked=True):
+        for claimed in claims.claim(WORKER, max_attempts, only_parked=True):
             attempt(claimed)
         while True:
-            claimed = runs.claim(WORKER, 1)
+            claimed = claims.claim(WORKER, 1)
             if claimed:
                 attempt(claimed[0])
                 continue
-            due = runs.next_due() if horizon is not None else None
+            due = claims.next_due() if horizon is not None else None
             if due is None or due > horizon or due <= clock.now():
                 break  # nothing more comes due, or what is due is locked elsewhere
             jump_to(due)

@@ -200,6 +200,9 @@ def ui(env, args):
             channel_timeout=UI_IDLE_SECONDS,
             cleanup_interval=2,
             max_request_body_size=UI_MAX_BODY,
+            # Read on while a request is served, so a live stream learns
+            # that its client has gone (waitress.client_disconnected).
+            channel_request_lookahead=1,
             **_proxy(env.ui.trusted_proxy),
         )
     except OSError as exc:

@@ -10,9 +10,9 @@ WORKER = "tests"
 
 def claim_one(worker=WORKER, *, parked=False):
     """Claim exactly one run (the test's) and return it."""
-    from everystep.db import runs
+    from everystep.db import claims
 
-    claimed = runs.claim(worker, 1, only_parked=parked)
+    claimed = claims.claim(worker, 1, only_parked=parked)
     assert len(claimed) == 1, f"expected one run to claim, got {claimed}"
     return claimed[0]
 

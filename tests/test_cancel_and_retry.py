@@ -15,7 +15,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from everystep import cancel, retry, schedule
-from everystep.db import runs
+from everystep.db import claims, runs
 from everystep.errors import EverystepError
 from everystep.models import Step, Workflow
 from tests import workflows
@@ -40,7 +40,7 @@ def test_a_scheduled_run_is_cancelled_at_once_with_its_reason():
     assert (run.status, run.error["message"]) == (CANCELLED, "ordered twice")
     assert run.error["type"] == "everystep.errors.Cancelled"
     assert run.completed_at is not None
-    assert runs.claim("tests", 8) == []
+    assert claims.claim("tests", 8) == []
 
 
 def test_a_sleeping_run_and_a_blocked_run_are_cancelled_at_once(calls, moved_clock):
@@ -49,7 +49,7 @@ def test_a_sleeping_run_and_a_blocked_run_are_cancelled_at_once(calls, moved_clo
     assert status_of(sleeping) == Workflow.Status.SCHEDULED
     assert cancel(sleeping.id) == CANCELLED
     moved_clock.advance(3600)
-    assert runs.claim("tests", 8) == []
+    assert claims.claim("tests", 8) == []
     assert calls["after"] == 0
 
     blocked = blocked_payment(calls)

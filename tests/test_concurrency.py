@@ -6,7 +6,7 @@ import pytest
 from django.db import connections
 
 from everystep import schedule
-from everystep.db import runs
+from everystep.db import claims
 from everystep.engine import runner
 from everystep.models import Workflow
 from tests import workflows
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_many_runs_executing_concurrently_never_mix_contexts_or_step_ids():
     tags = {schedule(workflows.whoami, f"tag-{i}").id: f"tag-{i}" for i in range(40)}
-    claimed = runs.claim("tests", len(tags))
+    claimed = claims.claim("tests", len(tags))
     assert {c.fence.run_id for c in claimed} == set(tags)
 
     def execute(one):

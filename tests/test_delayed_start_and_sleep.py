@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from everystep import schedule
-from everystep.db import runs
+from everystep.db import claims
 from everystep.errors import EverystepError, WorkflowCodeError
 from everystep.models import Step, Worker, Workflow
 from tests import workflows
@@ -25,7 +25,7 @@ UTC = datetime.UTC
 
 
 def claimable():
-    return runs.claim(WORKER, 10, [workflows.quick.__everystep_workflow__])
+    return claims.claim(WORKER, 10, [workflows.quick.__everystep_workflow__])
 
 
 # Delayed start
@@ -56,7 +56,8 @@ def test_due_runs_are_claimed_longest_due_first_and_a_run_at_in_the_past_at_once
     fresh = schedule(workflows.quick, 2)
     later = schedule(workflows.quick, 3, delay=60)
     assert [
-        run.fence.run_id for run in runs.claim(WORKER, 1, [workflows.quick.__everystep_workflow__])
+        run.fence.run_id
+        for run in claims.claim(WORKER, 1, [workflows.quick.__everystep_workflow__])
     ] == [late.id]
     assert [run.fence.run_id for run in claimable()] == [fresh.id]
     moved_clock.advance(60)
@@ -120,7 +121,7 @@ def test_a_sleeping_run_leaves_its_worker_and_wakes_without_running_its_steps_ag
         "1": ("counted", Step.Status.DONE, "before"),
         "2": ("sleep", Step.Status.DONE, wake_at),
     }
-    assert claimable() == [] and runs.claim(WORKER, 1) == []
+    assert claimable() == [] and claims.claim(WORKER, 1) == []
 
     moved_clock.advance(30)
     assert attempt() == Workflow.Status.COMPLETED

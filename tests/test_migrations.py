@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from everystep.db import runs
+from everystep.db import claims
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,5 +70,5 @@ def test_a_run_inserted_without_a_due_time_is_due_at_once():
                 connection.ops.adapt_datetimefield_value(timezone.now()),
             ],
         )
-    [claimed] = runs.claim("tests", 1, ["tests.workflows.quick"])
+    [claimed] = claims.claim("tests", 1, ["tests.workflows.quick"])
     assert claimed.fence.run_id == run_id

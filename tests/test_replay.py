@@ -5,7 +5,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from everystep import schedule, step, workflow
-from everystep.db import runs
+from everystep.db import claims, runs
 from everystep.engine import runner
 from everystep.errors import StepFailure
 from everystep.models import Step, Workflow
@@ -118,8 +118,8 @@ def test_changed_code_at_a_recorded_id_fails_the_run_with_workflow_code_error(ca
 def test_a_run_of_a_workflow_this_process_does_not_have_waits_for_one_that_has_it():
     run = schedule(workflows.add_twice, 1, 2)
     Workflow.objects.filter(id=run.id).update(name="newer.module.workflow")
-    assert runs.claim(WORKER, 8) == []
-    assert len(runs.claim(WORKER, 8, ["newer.module.workflow"])) == 1
+    assert claims.claim(WORKER, 8) == []
+    assert len(claims.claim(WORKER, 8, ["newer.module.workflow"])) == 1
     run.refresh_from_db()
     assert (run.status, run.claimed_by) == (Workflow.Status.RUNNING, WORKER)
 
@@ -127,7 +127,7 @@ def test_a_run_of_a_workflow_this_process_does_not_have_waits_for_one_that_has_i
 def test_a_parked_run_of_a_workflow_this_process_does_not_have_is_released_not_failed():
     run = schedule(workflows.add_twice, 1, 2)
     Workflow.objects.filter(id=run.id).update(name="older.module.workflow")
-    (parked,) = runs.claim(WORKER, 1, ["older.module.workflow"])
+    (parked,) = claims.claim(WORKER, 1, ["older.module.workflow"])
     assert runner.execute(parked) == Workflow.Status.SCHEDULED
     run.refresh_from_db()
     assert (run.status, run.claimed_by, run.error) == (Workflow.Status.SCHEDULED, None, None)

@@ -13,7 +13,7 @@ import pytest
 from django.db import InterfaceError, OperationalError, connection, connections
 
 from everystep import schedule
-from everystep.db import runs
+from everystep.db import claims
 from everystep.models import Workflow
 from everystep.resilience import classify, deadline, timeouts
 from tests import workflows
@@ -115,13 +115,13 @@ def test_a_bug_in_the_loop_is_logged_at_error_with_its_traceback_rate_limited(
     embedded_worker, monkeypatch, caplog
 ):
     turns = []
-    real_claim = runs.claim
+    real_claim = claims.claim
 
     def broken_claim(*args, **kwargs):
         turns.append(time.monotonic())
         raise RuntimeError("a bug in the claim")
 
-    monkeypatch.setattr(runs, "claim", broken_claim)
+    monkeypatch.setattr(claims, "claim", broken_claim)
     caplog.set_level(logging.INFO, logger="everystep")
     worker = embedded_worker(name="buggy", poll=0.05)
     wait_until(lambda: len(turns) >= 4, message="the loop keeps turning")
@@ -131,7 +131,7 @@ def test_a_bug_in_the_loop_is_logged_at_error_with_its_traceback_rate_limited(
     assert "a bug in the claim" in errors[0].getMessage()
     assert not any("unreachable" in r.getMessage() for r in caplog.records)
 
-    monkeypatch.setattr(runs, "claim", real_claim)
+    monkeypatch.setattr(claims, "claim", real_claim)
     run = schedule(workflows.quick, 1)
     wait_until(lambda: statuses([run.id]) == {"completed": 1}, message="the loop recovered")
     stop_embedded(worker)

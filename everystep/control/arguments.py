@@ -98,6 +98,14 @@ COMMANDS = {
             _json_only,
         ),
         Command(
+            "queues",
+            "the queues: limits, runs running, due and held back, and who serves them",
+            "List the queues with runs scheduled or running, or with declared limits: their "
+            "limits, how many runs are running and due, how many due runs wait for a limit "
+            "or for a worker that serves the queue, and the live workers serving it.",
+            _json_only,
+        ),
+        Command(
             "workers",
             "the workers that have run on this database, live ones first",
             "List the workers that have run on this database, live ones first: a worker "

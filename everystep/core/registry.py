@@ -5,6 +5,7 @@ from everystep.errors import EverystepError
 MAX_NAME_LENGTH = 300
 _workflows = {}
 _schedules = {}  # name → its `everystep.core.cron.Schedule`, for cron workflows
+_placement = {}  # name → (queue, priority), where its runs go unless told
 
 
 def qualified_name(func):
@@ -12,24 +13,33 @@ def qualified_name(func):
     return f"{func.__module__}.{func.__qualname__}"
 
 
-def register(func, schedule=None):
-    """Register `func` as a workflow, with its cron `schedule` if it has one,
-    and return its name. Registering the same name again replaces the
-    earlier function (a module reloaded)."""
-    name = qualified_name(func)
+def register(func, schedule=None, queue="default", priority=0, name=None):
+    """Register `func` as a workflow, under `name` (default: its qualified
+    name), with its cron `schedule` if it has one and the `queue` and
+    `priority` its runs take unless told; return its name. Registering the
+    same name again replaces the earlier function (a module reloaded)."""
+    name = name or qualified_name(func)
     if len(name) > MAX_NAME_LENGTH:
         raise EverystepError(f"workflow name {name!r} is longer than {MAX_NAME_LENGTH} characters")
     _workflows[name] = func
+    _placement[name] = (queue, priority)
     _schedules.pop(name, None)
     if schedule is not None:
         _schedules[name] = schedule
     return name
 
 
+def placement(name):
+    """``(queue, priority)`` that runs of the workflow `name` take unless
+    told; the default queue at priority 0 for a workflow not registered."""
+    return _placement.get(name, ("default", 0))
+
+
 def unregister(name):
     """Forget the workflow `name` (a module unloaded); nothing if unknown."""
     _workflows.pop(name, None)
     _schedules.pop(name, None)
+    _placement.pop(name, None)
 
 
 def schedules():

@@ -9,46 +9,30 @@ writes nothing; the caller sees ``False`` and stops. `TRANSITIONS` is the
 one place that says how a run may move.
 """
 
-import dataclasses
-import datetime
-import json
-import uuid
-
-from django.db import connection, transaction
-from django.db.models import Exists, OuterRef
+from django.db import transaction
 from django.utils import timezone
 
-from everystep.core import clock, registry
-from everystep.core.fence import Fence
-from everystep.db import sql
+from everystep.core import clock
 from everystep.errors import EverystepError
-from everystep.models import Step, Workflow
+from everystep.models import Workflow
 
 RUNNING = Workflow.Status.RUNNING
 SCHEDULED = Workflow.Status.SCHEDULED
 
 
-@dataclasses.dataclass(frozen=True)
-class ClaimedRun:
-    """A run this process now owns: its `fence`, and what the runner needs
-    to execute it."""
-
-    fence: Fence
-    args: list
-    #: False when the claim saw that the run has no recorded steps (its
-    #: first attempt: there is nothing to load); None when it did not look.
-    has_steps: bool | None = None
-    #: When the run became due (its pickup delay runs from here), if known.
-    due_at: datetime.datetime | None = None
-    #: The trace context stored by `schedule()`, if any (`everystep.observe.tracing`).
-    trace_context: dict | None = None
-    #: A cancel was asked of the run while an earlier claim held it.
-    cancel_requested: bool = False
-
-
-def insert_run(name, args, idempotency_key=None, trace_context=None, run_at=None):
-    """Insert a scheduled run, due at `run_at` (default: now), in the
-    current transaction; one INSERT.
+def insert_run(
+    name,
+    args,
+    idempotency_key=None,
+    trace_context=None,
+    run_at=None,
+    *,
+    queue="default",
+    priority=0,
+    concurrency_key=None,
+):
+    """Insert a scheduled run, due at `run_at` (default: now), in `queue`
+    at `priority`, in the current transaction; one INSERT.
 
     With an idempotency key the INSERT ignores a conflict on (name, key) and
     the run holding the key is read back, so concurrent callers all get the
@@ -62,6 +46,9 @@ def insert_run(name, args, idempotency_key=None, trace_context=None, run_at=None
         trace_context=trace_context,
         created_at=now,
         run_at=run_at or now,
+        queue=queue,
+        priority=priority,
+        concurrency_key=concurrency_key,
     )
     if idempotency_key is None:
         run.save(force_insert=True)
@@ -70,130 +57,24 @@ def insert_run(name, args, idempotency_key=None, trace_context=None, run_at=None
     return Workflow.objects.get(name=name, idempotency_key=idempotency_key)
 
 
-def insert_tick(name, key, tick):
+def insert_tick(name, key, tick, queue="default", priority=0):
     """Insert the run of a cron workflow's `tick`, due then, unless a run
     already has its idempotency `key`; one INSERT, which the unique key
     lets through for one caller only, however many try at once."""
     Workflow.objects.bulk_create(
-        [Workflow(name=name, args=[], idempotency_key=key, created_at=clock.now(), run_at=tick)],
+        [
+            Workflow(
+                name=name,
+                args=[],
+                idempotency_key=key,
+                created_at=clock.now(),
+                run_at=tick,
+                queue=queue,
+                priority=priority,
+            )
+        ],
         ignore_conflicts=True,
     )
-
-
-def claim(worker_name, limit, workflows=None, *, only_parked=False, exclude=()):
-    """Claim up to `limit` runs for `worker_name` in one transaction, the
-    longest due first, and return them as `ClaimedRun`s with a fresh claim
-    token. A scheduled run is not claimed before its ``run_at``.
-
-    Only runs of the `workflows` named (default: those registered in this
-    process) are taken: a run of a workflow this worker does not have waits
-    for one that has it (a rolling deploy). Normally this takes
-    ``scheduled`` runs; with `only_parked` it takes back the ``running``
-    runs already claimed under `worker_name` (the startup catchup after a
-    crash, or a claim whose reply was lost), except those in `exclude` (the
-    ones in flight). Concurrent claimers never take the same run.
-    """
-    workflows = registry.names() if workflows is None else list(workflows)
-    if limit <= 0 or not workflows:
-        return []
-    token = uuid.uuid4()
-    now = clock.now()
-    if not only_parked and connection.vendor == "postgresql":
-        return _claim_in_one_statement(worker_name, limit, workflows, token, now)
-    if only_parked:
-        candidates = Workflow.objects.filter(
-            status=RUNNING, name__in=workflows, claimed_by=worker_name
-        ).exclude(id__in=list(exclude))
-    else:
-        candidates = Workflow.objects.filter(status=SCHEDULED, name__in=workflows, run_at__lte=now)
-    # Whether a run has steps comes with the claim, so a first attempt skips
-    # loading them. Not on MariaDB: there a subquery of a locking read locks
-    # the step rows it reads, in the way of other runs' writes.
-    look = connection.vendor != "mysql"
-    if look:
-        candidates = candidates.annotate(
-            has_steps=Exists(Step.objects.filter(workflow=OuterRef("pk")))
-        )
-    skip_locked = connection.features.has_select_for_update_skip_locked
-    with transaction.atomic():
-        rows = list(
-            candidates.select_for_update(skip_locked=skip_locked)
-            .order_by("run_at")
-            .values_list(
-                "id",
-                "name",
-                "args",
-                "run_at",
-                "trace_context",
-                "cancel_requested_at",
-                *(["has_steps"] if look else []),
-            )[:limit]
-        )
-        if rows:
-            Workflow.objects.filter(id__in=[row[0] for row in rows]).update(
-                status=RUNNING, claimed_by=worker_name, claim_token=token, claimed_at=now
-            )
-    return [
-        ClaimedRun(
-            Fence(id, name, token, worker_name),
-            args,
-            has_steps=rest[0] if rest else None,
-            due_at=due,
-            trace_context=trace_context,
-            cancel_requested=cancel_requested_at is not None,
-        )
-        for id, name, args, due, trace_context, cancel_requested_at, *rest in rows
-    ]
-
-
-def next_due(workflows=None):
-    """When the earliest scheduled run of `workflows` (default: those
-    registered here) becomes due, or None when none is scheduled."""
-    workflows = registry.names() if workflows is None else list(workflows)
-    return (
-        Workflow.objects.filter(status=SCHEDULED, name__in=workflows)
-        .order_by("run_at")
-        .values_list("run_at", flat=True)
-        .first()
-    )
-
-
-def _claim_in_one_statement(worker_name, limit, workflows, token, now):
-    # One statement, prepared once per connection (psycopg prepares it on
-    # its fifth run). PostgreSQL keeps running its generic plan only while
-    # that costs no more than a plan for the values at hand, so the
-    # statement leaves it nothing to guess: 'scheduled' is written in (the
-    # partial claim index), and so is the limit (one statement per pool
-    # size), since a bound LIMIT is assumed to keep a tenth of the
-    # candidates — tens of thousands once many runs wait for a later time —
-    # and every claim would be planned again. The locked candidates are one
-    # array, collected once, that the UPDATE looks up by primary key: no
-    # join to plan, even when a pooler keeps nothing prepared.
-    statement = f"""
-        UPDATE everystep_workflow
-           SET status = %s, claimed_by = %s, claim_token = %s, claimed_at = %s
-         WHERE id = ANY(ARRAY(SELECT id FROM everystep_workflow
-                               WHERE status = 'scheduled' AND name = ANY(%s) AND run_at <= %s
-                               ORDER BY run_at LIMIT {int(limit):d}
-                               FOR UPDATE SKIP LOCKED))
-     RETURNING id, name, args, run_at, trace_context, cancel_requested_at IS NOT NULL,
-               EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [RUNNING, worker_name, token, now, workflows, now])
-        rows = cursor.fetchall()
-    runs = [
-        ClaimedRun(
-            Fence(id, name, token, worker_name),
-            sql.decode_json(args),
-            has_steps,
-            due_at,
-            json.loads(trace_context) if isinstance(trace_context, str) else trace_context,
-            cancel_requested,
-        )
-        for id, name, args, due_at, trace_context, cancel_requested, has_steps in rows
-    ]
-    return sorted(runs, key=lambda run: run.fence.run_id)
 
 
 def run_exists(workflow_id):

@@ -14,9 +14,9 @@ from django.utils import timezone
 from everystep.models import Worker
 
 
-def started(name, pool_size, workflows):
+def started(name, pool_size, workflows, queues=None):
     """Record the worker `name` as starting in this process (one row per
-    name, replaced on each start)."""
+    name, replaced on each start), with the `queues` it serves (None: all)."""
     import everystep
 
     now = timezone.now()
@@ -30,6 +30,7 @@ def started(name, pool_size, workflows):
             "in_flight": 0,
             "state": Worker.State.STARTING,
             "workflows": list(workflows),
+            "queues": None if queues is None else list(queues),
             "started_at": now,
             "heartbeat_at": now,
             "stopped_at": None,
@@ -75,6 +76,8 @@ class WorkerStatus:
     heartbeat_at: datetime.datetime
     heartbeat_age: float
     stopped_at: datetime.datetime | None
+    #: The queues it serves; None: every queue.
+    queues: list | None = None
 
     @property
     def live(self):
@@ -99,6 +102,7 @@ def workers(now=None):
             heartbeat_at=row.heartbeat_at,
             heartbeat_age=max(0.0, (now - row.heartbeat_at).total_seconds()),
             stopped_at=row.stopped_at,
+            queues=row.queues,
         )
         for row in Worker.objects.order_by("name")
     ]

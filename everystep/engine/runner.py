@@ -43,7 +43,7 @@ Status = Workflow.Status
 def execute(claimed, draining=None):
     """Run one claimed attempt of a workflow to the end of the attempt.
 
-    `claimed` is a `runs.ClaimedRun`; `draining`, a `threading.Event` the
+    `claimed` is a `claims.ClaimedRun`; `draining`, a `threading.Event` the
     worker sets to stop new steps. Returns the run's status afterwards —
     ``scheduled`` when it was requeued, ``running`` after a simulated crash —
     or None when the claim was lost to another runner. An error of the

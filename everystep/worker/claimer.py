@@ -3,7 +3,8 @@
 A turn makes sure the name is still held, replaces a connection held
 through an outage, ends the server sessions that connections cut off left
 behind, schedules the cron ticks that have come, and claims up to the
-pool's free capacity in one transaction.
+pool's free capacity in one transaction, from the queues it serves and
+within their limits (`everystep.db.claims`).
 
 No run is stranded under a live worker: at least every
 `TAKE_BACK_INTERVAL` seconds, and after any failed claim (whose reply may
@@ -18,7 +19,7 @@ import time
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from everystep.core import clock, cron, events, registry
-from everystep.db import runs
+from everystep.db import claims, runs
 from everystep.resilience import classify, deadline, outage, sessions, transient
 
 TAKE_BACK_INTERVAL = 30.0  # seconds between take-backs of runs parked under this name
@@ -92,10 +93,12 @@ class Claimer:
             self._take_back = True
         took_back = self._take_back
         with deadline.guard(connections[DEFAULT_DB_ALIAS], "claiming runs"):
-            claimed = runs.claim(
+            claimed = claims.claim(
                 self._options.name,
                 capacity,
                 registry.names(),
+                self._options.queues,
+                aging=self._options.priority_aging,
                 only_parked=took_back,
                 exclude=[*self._pool.in_flight, *self._pool.left_for_dead],
             )
@@ -112,7 +115,12 @@ class Claimer:
         for schedule, tick in self._ticker.due(clock.now()):
             try:
                 with deadline.guard(connections[DEFAULT_DB_ALIAS], "scheduling a cron tick"):
-                    runs.insert_tick(schedule.workflow, cron.tick_key(tick), tick)
+                    runs.insert_tick(
+                        schedule.workflow,
+                        cron.tick_key(tick),
+                        tick,
+                        *registry.placement(schedule.workflow),
+                    )
             except Exception as exc:  # noqa: BLE001 - the claim that follows meets an outage too
                 if classify.is_transient(exc):
                     transient.drop_after(exc)

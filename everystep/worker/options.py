@@ -76,6 +76,38 @@ def port_number(value):
     return port
 
 
+def _queue_names(value):
+    """Queue names from a comma-separated text, or a list of such texts
+    (``--queue`` given several times); None when empty: every queue."""
+    from everystep.core import queues
+    from everystep.errors import EverystepError
+
+    texts = [value] if isinstance(value, str) else list(value or ())
+    names = [name.strip() for text in texts for name in str(text).split(",") if name.strip()]
+    try:
+        checked = tuple(dict.fromkeys(queues.check_name(name, "a queue") for name in names))
+    except EverystepError as exc:
+        raise ValueError(str(exc).removeprefix("a queue ")) from None
+    return checked or None
+
+
+def check_queues(worker_options):
+    """Refuse, as an `OptionError`, a served queue this process does not
+    know (no workflow module declares it, no workflow or task uses it):
+    a misspelt ``--queue`` would serve nothing, silently."""
+    from everystep.core import queues, registry
+
+    if worker_options.queues is None:
+        return
+    known = queues.known() | {registry.placement(name)[0] for name in registry.names()}
+    unknown = [name for name in worker_options.queues if name not in known]
+    if unknown:
+        raise OptionError(
+            f"--queue/EVERYSTEP_QUEUES names unknown queue {', '.join(map(repr, unknown))} "
+            f"(known: {', '.join(sorted(known))})"
+        )
+
+
 def _host(value):
     if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
         raise ValueError("must be an address or a host name to listen on")
@@ -104,6 +136,8 @@ class Option:
     parse: object
     help: str
     negation: str | None = None
+    #: The flag may be given several times (its values are collected).
+    repeatable: bool = False
 
 
 OPTIONS = (
@@ -123,6 +157,21 @@ OPTIONS = (
         "EVERYSTEP_NAME",
         _name,
         "unique, stable worker name (default: DYNO, then the hostname)",
+    ),
+    Option(
+        "queues",
+        "--queue",
+        "EVERYSTEP_QUEUES",
+        _queue_names,
+        "serve only this queue; repeat it, or separate names with commas (default: every queue)",
+        repeatable=True,
+    ),
+    Option(
+        "priority_aging",
+        "--priority-aging",
+        "EVERYSTEP_PRIORITY_AGING",
+        _number(float, 0, DAY, above=True),
+        "seconds after which a due run is claimed as if at the top priority",
     ),
     Option(
         "drain",
@@ -187,6 +236,8 @@ class WorkerOptions:
     pool_size: int = 4
     poll: float = 0.2
     name: str | None = None
+    queues: tuple | None = None
+    priority_aging: float = 300.0
     drain: float = 30.0
     catchup: bool = True
     notify: bool = True
@@ -229,6 +280,7 @@ def add_arguments(parser):
                 dest=option.field,
                 type=str,
                 default=None,
+                action="append" if option.repeatable else "store",
                 metavar=option.variable.removeprefix("EVERYSTEP_"),
                 help=f"{option.help} ({shown})",
             )
@@ -256,6 +308,8 @@ def resolve(flags, variables):
 
 
 def _describe(option, source, value, reason):
+    if isinstance(value, list):  # a repeatable flag's values
+        value = ",".join(value)
     if source == option.variable:
         return f"{source}={value!r} {reason}"
     return f"{source} {value!r} {reason}"

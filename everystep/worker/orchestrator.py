@@ -24,7 +24,8 @@ import time
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
-from everystep.core import events, registry
+from everystep.core import events, queues, registry
+from everystep.db import queues as queue_rows
 from everystep.db import schema, workers
 from everystep.db.namelock import NameLost
 from everystep.models import Worker as WorkerRow
@@ -157,7 +158,8 @@ class Worker:
     def _register(self, attempt):
         """Record this worker in the workers table, and note which server it
         talks to (`everystep.resilience.sessions` ends sessions on that server only)."""
-        workers.started(self.name, self.options.pool_size, registry.names())
+        workers.started(self.name, self.options.pool_size, registry.names(), self.options.queues)
+        queue_rows.declare(queues.declared().values())
         sessions.note_server(connections[DEFAULT_DB_ALIAS])
 
     def _announce_ready(self, listening):

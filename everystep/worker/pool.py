@@ -15,7 +15,7 @@ import threading
 
 from django.db import connection, connections
 
-from everystep.db import runs
+from everystep.db import claims
 from everystep.engine import runner
 from everystep.resilience import outage, transient
 
@@ -28,7 +28,7 @@ Status = runner.Status
 class Job:
     """One claimed run handed to the pool, and how its attempt ended."""
 
-    claimed: runs.ClaimedRun
+    claimed: claims.ClaimedRun
     status: str | None = None
     error: BaseException | None = None
 

@@ -35,6 +35,7 @@ class Command(BaseCommand):
             raise CommandError(import_error, returncode=2)
         try:
             resolved = options.resolve(flags, options.from_environment(os.environ))
+            options.check_queues(resolved)
         except options.OptionError as exc:
             raise CommandError(str(exc), returncode=2) from None
         if not flags.get("name") and options.unstable_name(os.environ):

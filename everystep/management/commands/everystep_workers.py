@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand
 
 from everystep.control.arguments import COMMANDS
 from everystep.db import workers
+from everystep.management.table import aligned
 
 EMPTY = "no workers have run on this database"
 COLUMNS = (
@@ -49,15 +50,7 @@ def table(rows):
     are none."""
     if not rows:
         return EMPTY
-    lines = [COLUMNS, *(_cells(row) for row in rows)]
-    widths = [max(len(line[column]) for line in lines) for column in range(len(COLUMNS))]
-    return "\n".join(
-        "  ".join(
-            cell.rjust(width) if name in NUMBERS else cell.ljust(width)
-            for name, cell, width in zip(COLUMNS, line, widths, strict=True)
-        ).rstrip()
-        for line in lines
-    )
+    return aligned(COLUMNS, [_cells(row) for row in rows], NUMBERS)
 
 
 def _fields(row):

@@ -1,0 +1,193 @@
+"""Flow control (SPEC §14): queues, their limits across worker processes,
+priority with aging, workers that serve some queues, and bad input.
+
+Each limit is proven with real worker subprocesses claiming at the same
+time: the recorded intervals of the runs' steps never overlap more than
+the limit allows, and they do reach it.
+"""
+
+import datetime
+import json
+import subprocess
+import sys
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from everystep import Queue, schedule, workflow
+from everystep.core import queues
+from everystep.db import claims
+from everystep.db import queues as queue_rows
+from everystep.errors import EverystepError
+from everystep.models import Step, Workflow
+from tests import queue_workflows
+from tests.helpers import statuses, wait_until
+from tests.workerproc import REPO, manage_py_environment
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUEUE_WORKFLOWS = {"EVERYSTEP_TEST_WORKFLOWS": "tests.workflows,tests.queue_workflows"}
+HOLD = "tests.queue_workflows.hold"
+
+
+def start_workers(spawn_worker, count, *args, prefix="q"):
+    """`count` workers of pool 4 on the queue workflows, ready."""
+    started = [
+        spawn_worker(f"{prefix}{i}", "--pool", "4", "--poll", "0.05", *args, env=QUEUE_WORKFLOWS)
+        for i in range(count)
+    ]
+    for worker in started:
+        worker.wait_ready()
+    return started
+
+
+def finished(run_ids, timeout=60):
+    wait_until(
+        lambda: statuses(run_ids) == {"completed": len(run_ids)},
+        timeout=timeout,
+        message=f"{len(run_ids)} runs completed",
+    )
+
+
+def intervals(run_ids):
+    """The recorded (start, end) of the runs' held steps."""
+    return list(
+        Step.objects.filter(workflow_id__in=run_ids, name=HOLD).values_list(
+            "started_at", "finished_at"
+        )
+    )
+
+
+def most_at_once(spans):
+    """The largest number of `spans` that overlap at one instant."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    now = most = 0
+    for _, change in edges:  # an end sorts before a start at the same instant
+        now += change
+        most = max(most, now)
+    return most
+
+
+def test_a_queues_concurrency_holds_across_workers_and_is_reached(spawn_worker):
+    run_ids = [schedule(queue_workflows.tight, 0.6).id for _ in range(12)]
+    start_workers(spawn_worker, 3)  # 12 slots for a queue of 3
+    finished(run_ids)
+    assert most_at_once(intervals(run_ids)) == 3
+
+
+def test_a_key_runs_one_at_a_time_while_other_keys_run_beside_it(spawn_worker):
+    by_key = {
+        key: [schedule(queue_workflows.per_customer, 0.4, concurrency_key=key).id for _ in range(3)]
+        for key in ("customer-1", "customer-2", "customer-3")
+    }
+    start_workers(spawn_worker, 2)
+    every = [run_id for run_ids in by_key.values() for run_id in run_ids]
+    finished(every)
+    for run_ids in by_key.values():
+        assert most_at_once(intervals(run_ids)) == 1
+    assert most_at_once(intervals(every)) == 3
+
+
+def test_a_rate_limit_bounds_first_starts_in_every_window_and_is_reached(spawn_worker):
+    limit, window = queue_workflows.METERED.rate
+    run_ids = [schedule(queue_workflows.metered).id for _ in range(10)]
+    start_workers(spawn_worker, 2)
+    finished(run_ids)
+    starts = sorted(Workflow.objects.filter(id__in=run_ids).values_list("started_at", flat=True))
+    span = datetime.timedelta(seconds=window)
+    in_window = [sum(1 for other in starts if start <= other < start + span) for start in starts]
+    assert max(in_window) == limit
+    # Held runs start as soon as the window lets them (one poll late at most).
+    assert starts[-1] - starts[0] < datetime.timedelta(seconds=2 * window + 1.5)
+
+
+def test_a_worker_serves_only_its_queues_and_check_names_the_one_nobody_serves(
+    spawn_worker, capsys
+):
+    report = schedule(queue_workflows.report, 0.0)
+    elsewhere = schedule(queue_workflows.anywhere, 0.0)
+    start_workers(spawn_worker, 1, "--queue", "default")
+    finished([elsewhere.id])
+    assert Workflow.objects.get(id=report.id).status == "scheduled"
+    [reports] = [queue for queue in queue_rows.statuses() if queue.name == "reports"]
+    assert (reports.due, reports.held, reports.held_by) == (1, 1, "no worker")
+    call_command("everystep_queues", "--json")
+    listed = {queue["name"]: queue for queue in json.loads(capsys.readouterr().out)}
+    assert listed["reports"]["held_by"] == "no worker"
+    assert listed["tight"]["concurrency"] == 3
+    start_workers(spawn_worker, 1, "--queue", "reports", prefix="reports")
+    finished([report.id])
+
+
+def test_a_higher_priority_is_claimed_first_and_an_aged_run_before_it():
+    low = [schedule(queue_workflows.anywhere, 0.0, priority=-5).id for _ in range(3)]
+    high = [schedule(queue_workflows.anywhere, 0.0, priority=50).id for _ in range(3)]
+    names = [queue_workflows.anywhere.__everystep_workflow__]
+    assert {run.fence.run_id for run in claims.claim("p", 3, names)} == set(high)
+    # A low one due for longer than the aging goes before any priority.
+    aged = timezone.now() - datetime.timedelta(minutes=10)
+    Workflow.objects.filter(id=low[2]).update(run_at=aged)
+    top = [schedule(queue_workflows.anywhere, 0.0, priority=100).id for _ in range(2)]
+    claimed = claims.claim("p", 2, names, aging=300)
+    assert {run.fence.run_id for run in claimed} == {low[2], top[0]}
+
+
+def test_a_workflows_queue_and_priority_are_its_runs_defaults_unless_schedule_says():
+    run = schedule(queue_workflows.report, 0.0)
+    assert (run.queue, run.priority) == ("reports", 5)
+    run = schedule(queue_workflows.report, 0.0, queue="tight", priority=-100)
+    assert Workflow.objects.filter(id=run.id, queue="tight", priority=-100).exists()
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: Queue("no spaces"), "must be 1 to 64 letters"),
+        (lambda: Queue("x" * 65), "must be 1 to 64 letters"),
+        (lambda: Queue("fast", rate="100 per minute"), "a rate must be like '100/m'"),
+        (lambda: Queue("fast", rate=(0, 60)), "a rate must be like '100/m'"),
+        (lambda: Queue("fast", concurrency=0), "concurrency must be a whole number"),
+        (lambda: Queue("tight", concurrency=4), "declared twice with different limits"),
+        (lambda: workflow(priority=101)(lambda: None), "priority must be a whole number"),
+        (lambda: workflow(queue="a/b")(lambda: None), "must be 1 to 64 letters"),
+        (
+            lambda: schedule(queue_workflows.per_customer, 0.1),
+            "limits runs per concurrency_key",
+        ),
+        (lambda: schedule(queue_workflows.anywhere, 0, priority=-101), "from -100 to 100"),
+        (lambda: schedule(queue_workflows.anywhere, 0, queue=""), "must be 1 to 64"),
+    ],
+)
+def test_bad_queues_rates_and_priorities_are_refused_in_one_line(make, message):
+    with pytest.raises(EverystepError, match=message) as raised:
+        make()
+    assert "\n" not in str(raised.value)
+    assert not Workflow.objects.exists()
+
+
+def test_the_same_queue_declared_again_with_the_same_limits_is_the_same_queue():
+    assert Queue("tight", concurrency=3) == queue_workflows.TIGHT
+    assert queues.declared()["tight"].describe() == "concurrency 3"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--queue", "nosuch"], "--queue/EVERYSTEP_QUEUES names unknown queue 'nosuch'"),
+        (["--queue", "bad name"], "--queue 'bad name' must be 1 to 64 letters"),
+        (["--priority-aging", "0"], "--priority-aging '0' must be > 0"),
+    ],
+)
+def test_a_worker_refuses_a_bad_queue_option_in_one_line_with_status_2(args, message):
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "everystep_worker", *args],
+        env=manage_py_environment(QUEUE_WORKFLOWS),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
