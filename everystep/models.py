@@ -88,6 +88,7 @@ class Workflow(models.Model):
         indexes = [
             models.Index(fields=["name", "id"], name="everystep_run_name"),
             models.Index(fields=["claimed_by", "id"], name="everystep_run_worker"),
+            models.Index(fields=["queue", "id"], name="everystep_run_queue"),
             models.Index(fields=["idempotency_key"], name="everystep_run_key"),
         ]
 

@@ -16,6 +16,7 @@ urlpatterns = [
     path("run/<str:run_id>/retry", security.headers(views.retry), name="retry"),
     path("blocked", security.headers(views.blocked), name="blocked"),
     path("workers", security.headers(views.workers), name="workers"),
+    path("queues", security.headers(views.queues), name="queues"),
     path("workers/requeue", security.headers(views.requeue), name="requeue"),
     path("login", security.headers(login.login), name="login"),
     path("logout", security.headers(login.logout), name="logout"),

@@ -106,6 +106,15 @@ def build_parser():
     schedule.add_argument(
         "--idempotency-key", help="return the existing run scheduled with this key"
     )
+    schedule.add_argument("--queue", help="the queue it waits in (default: the workflow's)")
+    schedule.add_argument(
+        "--priority",
+        type=int,
+        help="-100 to 100, higher claimed first (default: the workflow's)",
+    )
+    schedule.add_argument(
+        "--concurrency-key", metavar="KEY", help="what its queue's key_concurrency counts by"
+    )
     when = schedule.add_mutually_exclusive_group()
     when.add_argument(
         "--at",
@@ -132,6 +141,7 @@ def build_parser():
         help="runs of this workflow: module.function, or a unique function name",
     )
     runs.add_argument("--worker", metavar="NAME", help="runs claimed by this worker")
+    runs.add_argument("--queue", metavar="NAME", help="runs of this queue")
     runs.add_argument(
         "--since", metavar="TIME", help="created since TIME (ISO 8601) or a duration ago (2h, 1d)"
     )

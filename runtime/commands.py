@@ -52,6 +52,9 @@ def schedule(env, args):
             idempotency_key=args.idempotency_key,
             run_at=args.at,
             delay=args.delay,
+            queue=args.queue,
+            priority=args.priority,
+            concurrency_key=args.concurrency_key,
         )
     except EverystepError as exc:
         raise UsageError(str(exc)) from None
@@ -69,6 +72,7 @@ def runs(env, args):
             status=args.status,
             workflow=_workflow_name(args.workflow),
             worker=args.worker,
+            queue=args.queue,
             created_after=_since(args.since) if args.since else None,
         )
         rows = reads.runs_page(run_filter, size=args.limit).runs
@@ -79,7 +83,8 @@ def runs(env, args):
         return
     for run in rows:
         print(
-            f"{run.id}  {run.status:<9}  {run.name}  created {run.created_at:%Y-%m-%d %H:%M:%S}"
+            f"{run.id}  {run.status:<9}  {run.name}  queue {run.queue}  "
+            f"created {run.created_at:%Y-%m-%d %H:%M:%S}"
             + (f"  by {run.claimed_by}" if run.claimed_by else "")
         )
 
@@ -311,11 +316,18 @@ def _settings_secrets():
 
 def _print_unclaimable():
     """Say which scheduled runs no live worker can claim: their workflow is in
-    no live worker's process (a deploy in progress, a module missing)."""
-    from everystep.db import reads
+    no live worker's process (a deploy in progress, a module missing), or
+    their queue is served by no live worker."""
+    from everystep.db import queues, reads
 
     for name, count in sorted(reads.unclaimable().items()):
         print(f"waiting:    {count} scheduled run(s) of {name}: no live worker has this workflow")
+    for queue in queues.statuses():
+        if queue.held_by == "no_worker":
+            print(
+                f"waiting:    {queue.held} due run(s) in queue {queue.name}: "
+                f"no live worker serves this queue"
+            )
 
 
 def _proxy(address):

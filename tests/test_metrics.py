@@ -111,7 +111,7 @@ def test_a_worker_serves_the_reference_metrics_and_ours(spawn_worker):
     assert value(scraped, "everystep_pickup_delay_seconds_count", workflow=QUICK) == 3
     assert value(scraped, "everystep_worker_db_outage", runner="counted") == 0
     assert value(scraped, "everystep_db_retries_total", runner="counted") == 0
-    assert value(scraped, "everystep_workflows_pending") == 2
+    assert value(scraped, "everystep_workflows_pending", queue="default") == 2
     assert value(scraped, "everystep_workflows_running") == 0
     assert value(scraped, "everystep_workflows_blocked") == 0
     assert value(scraped, "everystep_workflows_oldest_pending_age_seconds") >= 0
@@ -130,7 +130,9 @@ def test_cancelled_runs_retried_calls_and_runs_not_yet_due_in_the_metrics(spawn_
 
     def scraped_after_the_queue_read():
         scraped = samples(get(worker.metrics_port, "/metrics")[1])
-        return scraped if value(scraped, "everystep_workflows_pending") == 0 else None
+        return (
+            scraped if value(scraped, "everystep_workflows_pending", queue="default") == 0 else None
+        )
 
     scraped = wait_until(scraped_after_the_queue_read, timeout=30, message="the queue gauges")
     runs_total = "everystep_workflow_runs_total"
@@ -277,7 +279,7 @@ def test_a_django_project_serves_the_metrics_with_metrics_view():
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
     scraped = samples(response.content.decode())
-    assert value(scraped, "everystep_workflows_pending") is not None
+    assert value(scraped, "everystep_workflows_pending", queue="default") is not None
     assert ("everystep_workflows_running", ()) in scraped
 
 
@@ -355,10 +357,11 @@ EXPLAIN = {"postgresql": "EXPLAIN ", "mysql": "EXPLAIN ", "sqlite": "EXPLAIN QUE
 QUEUE_INDEXES = {
     "postgresql": (
         "everystep_workflow_scheduled",
+        "everystep_workflow_claim",
         "everystep_workflow_claimed_by",
         "everystep_workflow_blocked",
     ),
-    "mysql": ("everystep_workflow_scheduled",),
+    "mysql": ("everystep_workflow_scheduled", "everystep_workflow_claim"),
     "sqlite": (
         "everystep_workflow_scheduled",
         "everystep_workflow_claimed_by",
@@ -366,9 +369,9 @@ QUEUE_INDEXES = {
     ),
 }
 # Indexes of every run led by the status (MariaDB's, migrations 0007 and
-# 0008): a planner with statistics may read one status's range of them
-# instead, as cheaply.
-LED_BY_STATUS = ("everystep_run_status",)
+# 0008, and the running runs by queue of 0012): a planner with statistics
+# may read one status's range of them instead, as cheaply.
+LED_BY_STATUS = ("everystep_run_status", "everystep_workflow_queue_running")
 
 
 def assert_read_from_an_unfinished_runs_index(sql):

@@ -33,7 +33,15 @@ EXPECTED = {
         "everystep_run_status_worker",
     },
 }
-EVERY_BACKEND = {"everystep_run_name", "everystep_run_worker", "everystep_run_key"}
+EVERY_BACKEND = {
+    "everystep_run_name",
+    "everystep_run_worker",
+    "everystep_run_key",
+    "everystep_run_queue",
+    "everystep_workflow_claim",
+    "everystep_workflow_queue_running",
+    "everystep_workflow_started",
+}
 
 
 def test_every_index_of_every_migration_is_in_place():

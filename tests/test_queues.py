@@ -23,7 +23,11 @@ from everystep.errors import EverystepError
 from everystep.models import Step, Workflow
 from tests import queue_workflows
 from tests.helpers import statuses, wait_until
+from tests.prometheus import PrometheusServer, prometheus_server  # noqa: F401
+from tests.test_metrics import metrics_worker
+from tests.test_runtime_commands import everystep, pyz_worker  # noqa: F401
 from tests.workerproc import REPO, manage_py_environment
+from tests.zipapp import one_line_error
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -111,10 +115,10 @@ def test_a_worker_serves_only_its_queues_and_check_names_the_one_nobody_serves(
     finished([elsewhere.id])
     assert Workflow.objects.get(id=report.id).status == "scheduled"
     [reports] = [queue for queue in queue_rows.statuses() if queue.name == "reports"]
-    assert (reports.due, reports.held, reports.held_by) == (1, 1, "no worker")
+    assert (reports.due, reports.held, reports.held_by) == (1, 1, "no_worker")
     call_command("everystep_queues", "--json")
     listed = {queue["name"]: queue for queue in json.loads(capsys.readouterr().out)}
-    assert listed["reports"]["held_by"] == "no worker"
+    assert listed["reports"]["held_by"] == "no_worker"
     assert listed["tight"]["concurrency"] == 3
     start_workers(spawn_worker, 1, "--queue", "reports", prefix="reports")
     finished([report.id])
@@ -191,3 +195,67 @@ def test_a_worker_refuses_a_bad_queue_option_in_one_line_with_status_2(args, mes
     assert done.returncode == 2
     assert message in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_real_prometheus_reads_the_queue_gauges_of_a_worker(
+    spawn_worker,
+    prometheus_server,  # noqa: F811
+):
+    schedule(queue_workflows.report, 0.0)
+    worker = metrics_worker(
+        spawn_worker, "gauged", "--queue", "default", env=QUEUE_WORKFLOWS
+    ).wait_ready()
+    prometheus = prometheus_server([f"127.0.0.1:{worker.metrics_port}"])
+    for query, expected in (
+        ('everystep_queue_held{queue="reports", reason="no_worker"}', 1),
+        ('everystep_workflows_pending{queue="reports"}', 1),
+        ('everystep_queue_limit{queue="tight", kind="concurrency"}', 3),
+        ('everystep_queue_limit{queue="metered", kind="rate"}', 4),
+        ('everystep_queue_running{queue="default"}', 0),
+    ):
+        result = prometheus.wait_for(
+            query,
+            lambda result, expected=expected: result and PrometheusServer.value(result) == expected,
+        )
+        assert PrometheusServer.value(result) == expected
+
+
+def test_the_zipapp_schedules_lists_and_serves_queues_and_check_names_the_unserved(
+    everystep,  # noqa: F811
+    pyz_worker,  # noqa: F811
+):
+    """The standalone runtime, as a user runs it from outside the repository."""
+    modules = "tests.workflows,tests.queue_workflows"
+    scheduled = everystep(
+        "schedule",
+        "report",
+        "0",
+        "--queue",
+        "reports",
+        "--priority",
+        "7",
+        EVERYSTEP_WORKFLOWS=modules,
+    )
+    assert scheduled.returncode == 0, scheduled.stderr
+    run_id = scheduled.stdout.strip()
+    assert Workflow.objects.filter(id=run_id, queue="reports", priority=7).exists()
+    bad = everystep("schedule", "report", "0", "--priority", "500", EVERYSTEP_WORKFLOWS=modules)
+    assert bad.returncode == 2 and "from -100 to 100" in one_line_error(bad)
+
+    worker = pyz_worker("only-default", "--queue", "default", EVERYSTEP_WORKFLOWS=modules)
+    worker.wait_ready()
+    checked = everystep("check", EVERYSTEP_WORKFLOWS=modules)
+    assert (
+        "waiting:    1 due run(s) in queue reports: no live worker serves this queue"
+        in checked.stdout
+    )
+    listed = everystep("runs", "--queue", "reports", "--json", EVERYSTEP_WORKFLOWS=modules)
+    assert [run["id"] for run in json.loads(listed.stdout)] == [run_id]
+    assert everystep("runs", "--queue", "default", "--json").stdout.strip() == "[]"
+    table = everystep("queues", EVERYSTEP_WORKFLOWS=modules).stdout
+    assert any(
+        line.split()[:1] == ["reports"] and "no_worker" in line for line in table.splitlines()
+    ), table
+    unknown = pyz_worker("typo", "--queue", "reprots", EVERYSTEP_WORKFLOWS=modules)
+    assert unknown.wait() == 2
+    assert "names unknown queue 'reprots'" in unknown.log()

@@ -231,3 +231,44 @@ def test_the_standalone_login_form_and_read_only_mode(live_server, browser, call
     assert browser.find_elements(By.NAME, "resolve-result") == []
     screenshot(browser, "ui-standalone-read-only")
     no_console_errors(browser)
+
+
+def test_the_queues_page_the_queue_filter_and_why_a_due_run_waits(operator, live_server):
+    from everystep.db import queues as queue_rows
+    from everystep.db import workers
+    from tests import queue_workflows
+
+    queue_rows.declare([queue_workflows.TIGHT])
+    names = [
+        queue_workflows.report.__everystep_workflow__,
+        queue_workflows.tight.__everystep_workflow__,
+    ]
+    workers.started("serves-default", 4, names, ["default", "tight"])
+    report = schedule(queue_workflows.report, 0.0)
+    for _ in range(3):
+        Workflow.objects.create(name=names[1], queue="tight", status="running", claimed_by="x")
+    held = schedule(queue_workflows.tight, 0.0)
+
+    operator.get(f"{live_server.url}/everystep/queues")
+    rows = {
+        row.get_attribute("data-queue"): row.text
+        for row in operator.find_elements(By.CSS_SELECTOR, "table.queues tr[data-queue]")
+    }
+    assert "no live worker serves it" in rows["reports"]
+    assert "concurrency 3" in rows["tight"] and "at its concurrency limit" in rows["tight"]
+    screenshot(operator, "ui-queues")
+
+    operator.get(f"{live_server.url}/everystep/?queue=reports")
+    listed = operator.find_elements(By.CSS_SELECTOR, "table.runs tbody tr[data-run]")
+    assert [row.get_attribute("data-run") for row in listed] == [str(report.id)]
+    screenshot(operator, "ui-runs-queue")
+
+    operator.get(f"{live_server.url}/everystep/run/{report.id}")
+    waiting = operator.find_element(By.ID, "run-waiting").text
+    assert waiting == "no live worker serves queue reports"
+    screenshot(operator, "ui-run-waiting-for-a-worker")
+    operator.get(f"{live_server.url}/everystep/run/{held.id}")
+    assert (
+        operator.find_element(By.ID, "run-waiting").text == "queue tight at its limit of 3 running"
+    )
+    no_console_errors(operator)

@@ -49,6 +49,7 @@ class RunFilter:
     status: str | None = None
     workflow: str | None = None
     worker: str | None = None
+    queue: str | None = None
     created_after: datetime.datetime | None = None
     created_before: datetime.datetime | None = None
     search: str | None = None
@@ -70,6 +71,8 @@ class RunFilter:
             runs = runs.filter(name=self.workflow)
         if self.worker:
             runs = runs.filter(claimed_by=self.worker)
+        if self.queue:
+            runs = runs.filter(queue=self.queue)
         if self.created_after:
             runs = runs.filter(id__gte=_first_id_at(self.created_after))
         if self.created_before:
@@ -214,6 +217,9 @@ def run_fields(run):
         "name": run.name,
         "status": run.status,
         "claimed_by": run.claimed_by,
+        "queue": run.queue,
+        "priority": run.priority,
+        "concurrency_key": run.concurrency_key,
         "idempotency_key": run.idempotency_key,
         "created_at": run.created_at,
         "run_at": run.run_at,

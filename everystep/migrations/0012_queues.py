@@ -170,6 +170,11 @@ class Migration(migrations.Migration):
                 ),
             ],
         ),
+        # The runs page's queue filter, newest first.
+        migrations.AddIndex(
+            model_name="workflow",
+            index=models.Index(fields=["queue", "id"], name="everystep_run_queue"),
+        ),
         migrations.AddField(
             model_name="worker",
             name="queues",

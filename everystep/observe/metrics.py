@@ -216,17 +216,18 @@ class QueueCollector:
     def _read(self):
         from django.db import DEFAULT_DB_ALIAS, connections
 
-        from everystep.db import reads, workers
+        from everystep.db import queues, reads, workers
         from everystep.resilience import deadline
 
         try:
             with deadline.guard(connections[DEFAULT_DB_ALIAS], "reading the queue gauges"):
                 queue = reads.queue_state()
                 known = workers.registered_workflows()
+                by_queue = queues.statuses()
         except Exception:  # noqa: BLE001 - an unreachable database: no queue gauges
             return []
         families = [
-            _gauge("everystep_workflows_pending", "Runs scheduled and not claimed.", queue.pending),
+            *_queue_families(by_queue),
             _gauge("everystep_workflows_running", "Runs claimed by a worker.", queue.running),
             _gauge(
                 "everystep_workflows_blocked", "Runs blocked on an uncertain step.", queue.blocked
@@ -246,6 +247,40 @@ class QueueCollector:
             if workflow not in known:
                 unclaimable.add_metric([workflow], count)
         return [*families, unclaimable]
+
+
+def _queue_families(statuses):
+    """The gauges of each queue (`everystep.db.queues.statuses`)."""
+    pending = GaugeMetricFamily(
+        "everystep_workflows_pending", "Runs scheduled, due and not claimed.", labels=["queue"]
+    )
+    running = GaugeMetricFamily(
+        "everystep_queue_running", "Runs of the queue claimed by a worker.", labels=["queue"]
+    )
+    limit = GaugeMetricFamily(
+        "everystep_queue_limit",
+        "A queue's declared limit: concurrency, key_concurrency, or rate (starts per window).",
+        labels=["queue", "kind"],
+    )
+    held = GaugeMetricFamily(
+        "everystep_queue_held",
+        "Due runs of the queue held back: by its concurrency, its rate, or no live worker "
+        "serving it.",
+        labels=["queue", "reason"],
+    )
+    for queue in statuses:
+        pending.add_metric([queue.name], queue.due)
+        running.add_metric([queue.name], queue.running)
+        for kind, value in (
+            ("concurrency", queue.concurrency),
+            ("key_concurrency", queue.key_concurrency),
+            ("rate", queue.rate and queue.rate[0]),
+        ):
+            if value is not None:
+                limit.add_metric([queue.name, kind], value)
+        if queue.held_by is not None:
+            held.add_metric([queue.name, queue.held_by], queue.held)
+    return [pending, running, limit, held]
 
 
 def _gauge(name, documentation, value):

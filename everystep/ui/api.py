@@ -76,6 +76,7 @@ VIEWS = {
     "runs": lambda query: snapshots.runs(query),
     "run": lambda query: snapshots.run(query.get("id", ""), query.get("page", 1)),
     "workers": lambda query: snapshots.workers(),
+    "queues": lambda query: snapshots.queues(),
     "blocked": lambda query: snapshots.blocked(),
 }
 #: What tells, cheaply, that a view's data may have changed: its data is

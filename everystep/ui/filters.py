@@ -1,6 +1,6 @@
 """The runs list's query parameters, read into an `reads.RunFilter`.
 
-``status``, ``workflow``, ``worker``, ``after`` and ``before`` (ISO 8601
+``status``, ``workflow``, ``worker``, ``queue``, ``after`` and ``before`` (ISO 8601
 times; without a zone, UTC), ``q`` (a run id or an idempotency key) and
 ``cursor`` (the id the next page starts after). A bad value raises
 `EverystepError` naming the parameter: the page says so, it never fails.
@@ -12,7 +12,7 @@ from everystep.core import ids
 from everystep.db import reads
 from everystep.errors import EverystepError
 
-PARAMETERS = ("status", "workflow", "worker", "after", "before", "q")
+PARAMETERS = ("status", "workflow", "worker", "queue", "after", "before", "q")
 MAX_LENGTH = 300
 
 
@@ -23,6 +23,7 @@ def run_filter(query):
         status=given["status"],
         workflow=given["workflow"],
         worker=given["worker"],
+        queue=given["queue"],
         created_after=moment("after", given["after"]),
         created_before=moment("before", given["before"]),
         search=given["q"],

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from everystep.core import ids
 from everystep.core.serde import readable_json
+from everystep.db import queues as queue_table
 from everystep.db import reads
 from everystep.db import workers as workers_table
 from everystep.errors import EverystepError
@@ -70,6 +71,7 @@ def run(run_id, page=1):
         "args": found.args,
         "result": found.result,
         "error": found.error,
+        "waiting_for": queue_table.waiting_for(found),
         "steps": [{**reads.step_fields(step), "seconds": _seconds(step)} for step in shown],
         "steps_total": total,
         "steps_page": page,
@@ -96,6 +98,15 @@ def workers(now=None):
     return {
         "workers": [
             {**dataclasses.asdict(row), "live": row.live, "runs": held[row.name]} for row in rows
+        ]
+    }
+
+
+def queues():
+    """Every queue: its limits, runs running, due and held back, and who serves it."""
+    return {
+        "queues": [
+            {**dataclasses.asdict(row), "limits": row.limits} for row in queue_table.statuses()
         ]
     }
 

@@ -131,6 +131,14 @@ def workers(request):
     return _whole_view(request, "workers", snapshots.workers())
 
 
+@never_cache
+@access.viewer
+@transaction.non_atomic_requests
+def queues(request):
+    """Every queue: limits, running, due, held back and why, who serves it."""
+    return _whole_view(request, "queues", snapshots.queues())
+
+
 def _whole_view(request, view, data):
     """A page showing one snapshot, taking no parameters, with its stream."""
     context = _common(request, data=data, stream_query=_stream_query(view, {}, data))
