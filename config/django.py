@@ -19,6 +19,9 @@ def django_settings(env, *, workflows=(), ui=False):
         # sign-out ends one for good and replicas share them.
         "INSTALLED_APPS": ["everystep", "django.contrib.sessions", *env.installed_apps],
         "EVERYSTEP_WORKFLOWS": list(workflows),
+        # Django's @task functions in those modules run as everystep runs,
+        # on any queue they name.
+        "TASKS": {"default": {"BACKEND": "everystep.tasks.EverystepBackend", "QUEUES": []}},
         "USE_TZ": True,
         "TIME_ZONE": "UTC",
         "DEFAULT_AUTO_FIELD": "django.db.models.BigAutoField",

@@ -8,9 +8,10 @@ from django.core.exceptions import ImproperlyConfigured
 class EverystepConfig(AppConfig):
     """The everystep Django app.
 
-    When ready it imports every installed app's ``workflows`` module and the
-    modules listed in the ``EVERYSTEP_WORKFLOWS`` setting, so that a worker
-    knows every ``@workflow`` it may be asked to run, tunes each new
+    When ready it imports every installed app's ``workflows`` and ``tasks``
+    modules and the modules listed in the ``EVERYSTEP_WORKFLOWS`` setting, so
+    that a worker knows every ``@workflow`` and ``@task`` (`everystep.tasks`)
+    it may be asked to run, tunes each new
     MySQL/MariaDB connection's socket (`everystep.resilience.timeouts`) and notes each
     new connection's server session (`everystep.resilience.sessions`) and the
     outage generation it opened in (`everystep.resilience.outage`).
@@ -39,7 +40,7 @@ class EverystepConfig(AppConfig):
         for receiver in receivers:
             connection_created.connect(receiver, dispatch_uid=receiver.__module__)
 
-        autodiscover_modules("workflows")
+        autodiscover_modules("workflows", "tasks")
         try:
             import_workflow_modules(getattr(settings, "EVERYSTEP_WORKFLOWS", ()))
         except ImproperlyConfigured as exc:

@@ -71,6 +71,19 @@ LOGIN_URL = "/admin/login/"
 STATIC_URL = "/static/"
 # A test's worker processes may import more (the cron tests' own module).
 EVERYSTEP_WORKFLOWS = os.environ.get("EVERYSTEP_TEST_WORKFLOWS", "tests.workflows").split(",")
+# Django's Tasks on everystep (tests/task_functions.py): the default
+# backend, and one that retries.
+TASKS = {
+    "default": {
+        "BACKEND": "everystep.tasks.EverystepBackend",
+        "QUEUES": ["default", "emails"],
+    },
+    "retrying": {
+        "BACKEND": "everystep.tasks.EverystepBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {"retries": 3, "backoff": 0.0},
+    },
+}
 USE_TZ = True
 TIME_ZONE = "UTC"
 SECRET_KEY = "everystep-tests"

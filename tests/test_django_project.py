@@ -272,3 +272,60 @@ def test_sigterm_while_waiting_for_migrations_exits_at_once(fresh_project, spawn
     worker.send(signal.SIGTERM)
     assert worker.wait(timeout=15) == 0
     wait_until(lambda: not worker.alive(), timeout=5)
+
+
+def test_a_new_projects_django_tasks_run_on_everystep_workers(fresh_project, spawn_process):
+    """A project made by startproject points TASKS at everystep, writes
+    ``@task`` functions in an app's ``tasks`` module, enqueues one from its
+    own code, and reads the result back with Django's API once its worker
+    (which found the module by itself) has run it."""
+    project = fresh_project()
+    project.add_settings(
+        """
+        TASKS = {
+            "default": {
+                "BACKEND": "everystep.tasks.EverystepBackend",
+                "QUEUES": ["default", "emails"],
+                "OPTIONS": {"retries": 2, "backoff": 0.0},
+            }
+        }
+        """
+    )
+    project.write(
+        "orders/tasks.py",
+        """
+        try:
+            from django.tasks import task
+        except ImportError:
+            from django_tasks import task
+
+
+        @task(queue_name="emails", priority=20, takes_context=True)
+        def send_receipt(context, order_id):
+            if context.attempt == 1:
+                raise ConnectionError("the mail server hung up")
+            return {"order": order_id, "attempt": context.attempt}
+        """,
+    )
+    project.must("migrate")
+    enqueued = project.must(
+        "shell",
+        "-c",
+        "from django.db import transaction\n"
+        "from orders.tasks import send_receipt\n"
+        "with transaction.atomic():\n"
+        "    print('TASK', send_receipt.enqueue(7).id)\n",
+    ).stdout
+    [task_id] = [line.split()[1] for line in enqueued.splitlines() if line.startswith("TASK ")]
+    worker = start_worker(project, spawn_process, "--queue", "emails")
+    worker.wait_for_log(f"run {task_id} orders.tasks.send_receipt completed")
+    read = project.must(
+        "shell",
+        "-c",
+        "from orders.tasks import send_receipt\n"
+        f"r = send_receipt.get_result({task_id!r})\n"
+        "print('RESULT', r.status, r.return_value['attempt'], r.attempts, r.task.queue_name)\n",
+    ).stdout
+    assert "RESULT SUCCESSFUL 2 2 emails" in read
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0

@@ -85,6 +85,9 @@ class Context:
         self.prefix = prefix
         #: False while a step's function runs: what it calls is not recorded.
         self.recording = True
+        #: Which call of its function the step running now makes: 1, then
+        #: counting up as its retry policy calls it again.
+        self.step_attempt = 1
         self._counter = 0
         self._names = set()
 

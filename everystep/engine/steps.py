@@ -79,6 +79,7 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, policy=No
                 # call leaves it started, and the run blocked.
                 _record(run, step, Step.Status.STARTED, None, None, replacing=row, attempts=attempt)
                 row = Step.Status.STARTED
+            ctx.step_attempt = attempt
             outcome = _call(ctx, step, func, args, kwargs)
             error = outcome.error
             retrying = policy is not None and policy.retries_after(error, attempt)
