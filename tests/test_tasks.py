@@ -125,7 +125,7 @@ def test_a_failing_task_reads_back_failed_with_its_error(task_worker, signals_fi
     assert error.exception_class is ValueError
     assert "boom" in error.traceback
     with pytest.raises(ValueError, match="Task failed"):
-        result.return_value
+        _ = result.return_value
     statuses = [line["status"] for line in seen(signals_file) if line["id"] == result.id]
     assert statuses[-1] == "FAILED"
 
