@@ -10,8 +10,10 @@ in its module's docstring:
     steps       bench.steps, bench.limits   physical limit, recorded step cost
     throughput  bench.throughput            worker processes draining a queue
     pickup      bench.pickup                schedule() to first step, idle worker
-    claims      bench.claims                claim latency with 1,000,000 finished, then future, runs
+    claims      bench.claims                claim latency with 1,000,000 finished, then future,
+                                            runs; with limits; with 1,000,000 of another queue due
                                             (each backend; PostgreSQL also unprepared)
+    flow        bench.flow                  a limited queue's throughput, a rate limit's accuracy
     ui          bench.ui                    operator UI pages with 1,000,000 runs
     replay      bench.replay                resuming a run of 1,000 recorded steps
     footprint   bench.footprint             worker start-up and memory
@@ -50,6 +52,7 @@ SECTIONS = (
     "throughput",
     "pickup",
     "claims",
+    "flow",
     "ui",
     "replay",
     "footprint",
@@ -78,6 +81,8 @@ SIZES = {  # name: (full, quick)
     "claim_samples": (200, 50),
     "finished_runs": (1_000_000, 50_000),
     "ui_runs": (1_000_000, 50_000),
+    "flow_runs": (400, 80),
+    "flow_rated": (200, 60),
     "ui_samples": (20, 5),
     "replay_repeat": (5, 2),
     "start_repeat": (5, 2),
@@ -179,6 +184,20 @@ def plan(size):
             },
         )
         for backend, name, url_query in claims
+    ]
+    tasks += [
+        Task(
+            "flow",
+            f"flow.{backend}",
+            backend,
+            timeout=300,
+            options={
+                "runs": size.flow_runs,
+                "rated": size.flow_rated,
+                "log_dir": str(LOGS),
+            },
+        )
+        for backend in report.BACKENDS
     ]
     tasks += [
         Task(

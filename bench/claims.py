@@ -8,15 +8,23 @@ SELECT`` statements that generate the rows in the database (100,000 a
 statement) and the table ANALYZEd (and the load's dirty pages flushed: a
 CHECKPOINT on PostgreSQL, so that its writes are not flushed under the
 timed claims), and then again after 1,000,000 scheduled runs due tomorrow
-and later (delayed starts, sleeps) were loaded the same way. Each figure is
+and later (delayed starts, sleeps) were loaded the same way. Then, in
+that table, with limits: the default queue gets a concurrency limit too
+high to hold anything back, so that each claim locks its row and counts
+its running runs (the ratio is to the same claim without limits). Last,
+1,000,000 runs of another queue, due now, are loaded, and the claim of a
+worker serving only the default queue is timed. Each figure is
 the median of `samples` claims; the 8 runs are scheduled before and deleted
 after each timed claim. Each ratio to the empty table should stay under
-1.5. The suite measures every backend, and PostgreSQL also without
-prepared statements (``?prepare_threshold=none``, as behind PgBouncer in
+1.5. The baseline of a queue without limits is the claim everystep made
+before it had queues (`BASELINE`, timed on the empty table in this same
+run): the ratio of today's claim to it should stay near 1. The suite
+measures every backend, and PostgreSQL also without prepared statements (``?prepare_threshold=none``, as behind PgBouncer in
 transaction mode), where every claim is planned afresh.
 """
 
 import time
+import uuid
 
 from django.db import connection, transaction
 
@@ -24,23 +32,58 @@ from bench import workflows
 from bench.common import median
 from bench.db import Dialect, analyze
 from everystep import schedule
+from everystep.core import clock
+from everystep.core.queues import Queue
 from everystep.db import claims
+from everystep.db import queues as queue_rows
+from everystep.models import Queue as QueueRow
 from everystep.models import Workflow
 
 CHUNK = 100_000
 
 
-def claim_latency(samples, waiting):
-    """Median seconds of `claims.claim(…, 8)` with `waiting` runs scheduled."""
+# The claim before queues, the baseline: on PostgreSQL one statement, the
+# due runs in due order, whatever their queue or priority; elsewhere a
+# locking read of them, then an update (`claims._lock_and_take`).
+BASELINE = """
+    UPDATE everystep_workflow
+       SET status = 'running', claimed_by = %s, claim_token = %s, claimed_at = %s
+     WHERE id = ANY(ARRAY(SELECT id FROM everystep_workflow
+                           WHERE status = 'scheduled' AND name = ANY(%s) AND run_at <= %s
+                           ORDER BY run_at LIMIT 8
+                           FOR UPDATE SKIP LOCKED))
+ RETURNING id, name, args, run_at, trace_context, cancel_requested_at IS NOT NULL,
+           EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
+"""
+
+
+def baseline_claim(worker, limit):
+    """Claim as everystep did before queues; returns how many runs."""
+    names, token, now = [workflows.one_step.__everystep_workflow__], uuid.uuid4(), clock.now()
+    if connection.vendor == "postgresql":
+        connection.ensure_connection()
+        return len(
+            connection.connection.execute(BASELINE, [worker, token, now, names, now]).fetchall()
+        )
+    due = Workflow.objects.filter(status="scheduled", name__in=names, run_at__lte=now)
+    return len(claims._lock_and_take(due, limit, worker, token, now))
+
+
+def claim_latency(samples, waiting, served=None, claim=None):
+    """Median seconds of `claims.claim(…, 8)` of the `served` queues (all
+    if None) with `waiting` runs scheduled in the default queue."""
     timings = []
     for _ in range(samples):
         with transaction.atomic():
             ids = [schedule(workflows.one_step).id for _ in range(waiting)]
         began = time.perf_counter()
-        claimed = claims.claim("bench-claims", 8)
+        if claim is None:
+            claimed = len(claims.claim("bench-claims", 8, served=served))
+        else:
+            claimed = claim("bench-claims", 8)
         timings.append(time.perf_counter() - began)
-        if len(claimed) != waiting:
-            raise RuntimeError(f"claimed {len(claimed)} runs of {waiting} scheduled")
+        if claimed != waiting:
+            raise RuntimeError(f"claimed {claimed} runs of {waiting} scheduled")
         if ids:
             Workflow.objects.filter(id__in=ids).delete()
     return median(timings)
@@ -58,7 +101,20 @@ def load_future_runs(count):
     _load(count, "scheduled", due_ms="{now} + 86400000 + i * 1000", created_ms="{now}", done=False)
 
 
-def _load(count, status, due_ms, created_ms, done):
+def load_other_queue_runs(count):
+    """Bulk-load `count` scheduled runs of the queue ``other``, due one a
+    second before now, then ANALYZE."""
+    _load(
+        count,
+        "scheduled",
+        due_ms="{now} - i * 1000",
+        created_ms="{now} - i * 1000",
+        done=False,
+        queue="other",
+    )
+
+
+def _load(count, status, due_ms, created_ms, done, queue="default"):
     sql = Dialect(connection.vendor)
     now = int(time.time() * 1000)
     due_ms, created_ms = due_ms.format(now=now), created_ms.format(now=now)
@@ -73,9 +129,9 @@ def _load(count, status, due_ms, created_ms, done):
             with transaction.atomic():
                 cursor.execute(
                     "INSERT INTO everystep_workflow "
-                    "(id, name, args, status, created_at, run_at, completed_at) "
+                    "(id, name, args, status, created_at, run_at, completed_at, queue) "
                     f"SELECT {run_id}, 'bench.workflows.one_step', {args}, '{status}', "
-                    f"{sql.moment(created_ms)}, {sql.moment(due_ms)}, {completed} "
+                    f"{sql.moment(created_ms)}, {sql.moment(due_ms)}, {completed}, '{queue}' "
                     f"FROM {sql.numbers(first, last)}"
                 )
     analyze("everystep_workflow")
@@ -84,13 +140,36 @@ def _load(count, status, due_ms, created_ms, done):
 def measure(samples=200, finished=1_000_000):
     claim_latency(20, 8)  # warm up
     empty_idle, empty_busy = claim_latency(samples, 0), claim_latency(samples, 8)
+    claim_latency(20, 8, claim=baseline_claim)  # warm up
+    baseline_idle = claim_latency(samples, 0, claim=baseline_claim)
+    baseline_busy = claim_latency(samples, 8, claim=baseline_claim)
     began = time.perf_counter()
     load_finished_runs(finished)
     loaded = time.perf_counter() - began
     full_idle, full_busy = claim_latency(samples, 0), claim_latency(samples, 8)
     load_future_runs(finished)
     future_idle, future_busy = claim_latency(samples, 0), claim_latency(samples, 8)
+    queue_rows.declare([Queue("default", concurrency=1_000_000)])
+    limited_idle, limited_busy = claim_latency(samples, 0), claim_latency(samples, 8)
+    QueueRow.objects.filter(name="default").delete()
+    claims.forget_limits()
+    load_other_queue_runs(finished)
+    only_default = ["default"]
+    other_idle = claim_latency(samples, 0, only_default)
+    other_busy = claim_latency(samples, 8, only_default)
     return {
+        "baseline_idle_us": baseline_idle * 1e6,
+        "baseline_8_waiting_us": baseline_busy * 1e6,
+        "ratio_baseline_idle": empty_idle / baseline_idle,
+        "ratio_baseline_8_waiting": empty_busy / baseline_busy,
+        "limited_idle_us": limited_idle * 1e6,
+        "limited_8_waiting_us": limited_busy * 1e6,
+        "ratio_limited_idle": limited_idle / future_idle,
+        "ratio_limited_8_waiting": limited_busy / future_busy,
+        "other_queue_idle_us": other_idle * 1e6,
+        "other_queue_8_waiting_us": other_busy * 1e6,
+        "ratio_other_queue_idle": other_idle / empty_idle,
+        "ratio_other_queue_8_waiting": other_busy / empty_busy,
         "finished_runs": finished,
         "load_seconds": loaded,
         "future_idle_us": future_idle * 1e6,

@@ -3,6 +3,7 @@
 from django.db import connection, transaction
 from django.db.models import Count
 
+from everystep.core import registry
 from everystep.models import Workflow
 
 
@@ -20,9 +21,14 @@ def schedule_many(workflow, count, args=()):
     """Schedule `count` runs of `workflow` in one transaction, as an
     application would in a bulk import; they are claimable when it returns."""
     name = workflow.__everystep_workflow__
+    queue, priority = registry.placement(name)
     with transaction.atomic():
         Workflow.objects.bulk_create(
-            [Workflow(name=name, args=list(args)) for _ in range(count)], batch_size=1000
+            [
+                Workflow(name=name, args=list(args), queue=queue, priority=priority)
+                for _ in range(count)
+            ],
+            batch_size=1000,
         )
 
 

@@ -163,6 +163,7 @@ def table(results):
     _throughput(t, get)
     _pickup(t, get)
     _claims(t, get)
+    _flow(t, get)
     _ui(t, get)
     _replay(t, get)
     _footprint(t, get, results.get("notes", {}))
@@ -310,7 +311,18 @@ def _claims_of(t, get, p, title):
     for case, label in (("8_waiting", "8 runs waiting"), ("idle", "nothing waiting")):
         empty, full = get(f"{p}.empty_{case}_us"), get(f"{p}.full_{case}_us")
         ratio = get(f"{p}.ratio_{case}")
-        t.row(f"{label}, empty table", empty, "µs", empty / 1e6)
+        baseline = get(f"{p}.baseline_{case}_us")
+        if baseline is not None:
+            t.row(f"{label}, empty table, the claim before queues", baseline, "µs", baseline / 1e6)
+        t.row(
+            f"{label}, empty table",
+            empty,
+            "µs",
+            empty / 1e6,
+            note=""
+            if baseline is None
+            else f"ratio to the claim before queues {get(f'{p}.ratio_baseline_{case}'):.2f}",
+        )
         t.row(
             f"{label}, {finished} finished runs",
             full,
@@ -328,6 +340,66 @@ def _claims_of(t, get, p, title):
                 future / 1e6,
                 note=f"ratio to the empty table {ratio:.2f}, target < 1.5: {verdict(ratio < 1.5)}",
             )
+        limited = get(f"{p}.limited_{case}_us")
+        if limited is not None:
+            ratio = get(f"{p}.ratio_limited_{case}")
+            t.row(
+                f"{label}, the same, its queue limited",
+                limited,
+                "µs",
+                limited / 1e6,
+                note=f"ratio to the same claim without limits {ratio:.2f}",
+            )
+            other, ratio = get(f"{p}.other_queue_{case}_us"), get(f"{p}.ratio_other_queue_{case}")
+            t.row(
+                f"{label}, and {finished} runs of another queue due",
+                other,
+                "µs",
+                other / 1e6,
+                note=f"ratio to the empty table {ratio:.2f}, target < 1.5: {verdict(ratio < 1.5)}",
+            )
+
+
+def _flow(t, get):
+    for backend in BACKENDS:
+        p = f"flow.{backend}"
+        if get(f"{p}.most_running") is None:
+            continue
+        t.heading(f"{backend}: flow control, 2 workers of pool 8")
+        limit = get(f"{p}.concurrency_limit")
+        most = get(f"{p}.most_running")
+        t.row(
+            f"concurrency-{limit} queue: most running at once",
+            most,
+            "",
+            note=f"never above {limit}: {verdict(most <= limit)}",
+        )
+        t.row(
+            "  mean running while it drains",
+            get(f"{p}.mean_running"),
+            "",
+            note=f"{get(f'{p}.mean_running_of_limit'):.0%} of the limit",
+        )
+        t.row(
+            "  throughput",
+            get(f"{p}.limited_runs_per_s"),
+            "runs/s",
+            note=f"{get(f'{p}.limited_of_ideal'):.0%} of limit / hold",
+        )
+        rate = get(f"{p}.rate_limit_per_s")
+        in_window = get(f"{p}.most_starts_in_a_window")
+        t.row(
+            f"rate {rate:g}/s: most first starts in any 1 s",
+            in_window,
+            "",
+            note=f"never above {rate:g}: {verdict(in_window <= rate)}",
+        )
+        t.row(
+            "  achieved start rate",
+            get(f"{p}.start_rate_per_s"),
+            "runs/s",
+            note=f"{get(f'{p}.start_rate_of_limit'):.0%} of the limit",
+        )
 
 
 UI_PAGES = (

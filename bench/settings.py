@@ -7,7 +7,7 @@ from everystep_config.database import database_settings
 
 DATABASES = {"default": database_settings(os.environ["EVERYSTEP_DATABASE_URL"])}
 INSTALLED_APPS = ["everystep"]
-EVERYSTEP_WORKFLOWS = ["bench.workflows"]
+EVERYSTEP_WORKFLOWS = os.environ.get("BENCH_WORKFLOWS", "bench.workflows").split(",")
 USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

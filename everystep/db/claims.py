@@ -17,15 +17,26 @@ limited queue take turns on its row, so a limit holds at the same instant
 across workers. On PostgreSQL the whole transaction is one pipelined round
 trip; SQLite's writers already take turns (``BEGIN IMMEDIATE``); MariaDB
 locks the rows, then reads and writes in a few statements.
+
+Cost. On PostgreSQL a worker none of whose served queues is limited claims
+with one plain statement that leaves out the runs of any queue with a
+limit (read in the statement itself), so it can never take one outside its
+lock: which queues are limited is read again every `LIMITS_TTL` seconds,
+and at once after this process declares queues. A limit declared by
+another process is thus applied by this one's claims within that time;
+until then they leave the queue's runs alone.
 """
 
 import dataclasses
 import datetime
 import json
+import threading
+import time
 import uuid
 
 from django.db import connection, transaction
-from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models import Count, Exists, OuterRef, Q, Value
+from django.db.models.functions import Coalesce
 
 from everystep.core import clock, registry
 from everystep.core.fence import Fence
@@ -93,6 +104,29 @@ def claim(
     return _claim_in_steps(worker_name, limit, workflows, served, token, now, aged)
 
 
+LIMITS_TTL = 5.0  # seconds a process trusts its view of which queues are limited
+_limited = {"names": None, "read_at": 0.0}
+_limited_lock = threading.Lock()
+
+
+def limited_queues():
+    """The names of the queues with a limit, as read at most `LIMITS_TTL`
+    seconds ago."""
+    with _limited_lock:
+        names, read_at = _limited["names"], _limited["read_at"]
+    if names is None or time.monotonic() - read_at > LIMITS_TTL:
+        names = set(Queue.objects.filter(LIMITED).values_list("name", flat=True))
+        with _limited_lock:
+            _limited.update(names=names, read_at=time.monotonic())
+    return names
+
+
+def forget_limits():
+    """Read the limited queues again at the next claim (queues were declared)."""
+    with _limited_lock:
+        _limited["names"] = None
+
+
 def next_due(workflows=None):
     """When the earliest scheduled run of `workflows` (default: those
     registered here) becomes due, or None when none is scheduled."""
@@ -115,56 +149,62 @@ def _take_back(worker_name, limit, workflows, exclude, token, now):
     return _lock_and_take(candidates, limit, worker_name, token, now)
 
 
-def _lock_and_take(candidates, limit, worker_name, token, now, ids=None):
+def _lock_and_take(candidates, limit, worker_name, token, now):
     """Lock `candidates` (skipping rows locked by another claimer), in due
-    order, up to `limit` — or, with `ids`, only those — and move them to
-    ``running`` under `token`. Runs inside the caller's transaction, if any."""
+    order, up to `limit`, and move them to ``running`` under `token`."""
+    with transaction.atomic():
+        rows = list(_locked(candidates)[:limit])
+        _mark_claimed(rows, worker_name, token, now)
+    return _claimed(rows, worker_name, token)
+
+
+#: What a claim reads of each run it takes.
+FIELDS = ("id", "name", "args", "run_at", "trace_context", "cancel_requested_at")
+
+
+def _locked(candidates, *more):
+    """The `candidates`' `FIELDS` (and `more`) in due order, each row locked
+    as it is read, skipping those another claimer holds."""
     # Whether a run has steps comes with the claim, so a first attempt skips
     # loading them. Not on MariaDB: there a subquery of a locking read locks
     # the step rows it reads, in the way of other runs' writes.
-    look = connection.vendor != "mysql"
-    if look:
+    if connection.vendor != "mysql":
         candidates = candidates.annotate(
             has_steps=Exists(Step.objects.filter(workflow=OuterRef("pk")))
         )
-    if ids is not None:
-        candidates = candidates.filter(id__in=ids)
     skip_locked = connection.features.has_select_for_update_skip_locked
-    with transaction.atomic():
-        rows = list(
-            candidates.select_for_update(skip_locked=skip_locked)
-            .order_by("run_at")
-            .values_list(
-                "id",
-                "name",
-                "args",
-                "run_at",
-                "trace_context",
-                "cancel_requested_at",
-                *(["has_steps"] if look else []),
-            )[:limit]
+    return (
+        candidates.select_for_update(skip_locked=skip_locked)
+        .order_by("run_at")
+        .values(*FIELDS, *more, *(["has_steps"] if connection.vendor != "mysql" else []))
+    )
+
+
+def _mark_claimed(rows, worker_name, token, now):
+    """Move the runs read as `rows` to ``running`` under `token`; a run's
+    first claim is its start, which a rate limit counts. One UPDATE."""
+    if rows:
+        Workflow.objects.filter(id__in=[row["id"] for row in rows]).update(
+            status=RUNNING,
+            claimed_by=worker_name,
+            claim_token=token,
+            claimed_at=now,
+            started_at=Coalesce("started_at", Value(now)),
         )
-        if rows:
-            _mark_claimed([row[0] for row in rows], worker_name, token, now)
+
+
+def _claimed(rows, worker_name, token):
     return [
         ClaimedRun(
-            Fence(id, name, token, worker_name),
-            args,
-            has_steps=rest[0] if rest else None,
-            due_at=due,
-            trace_context=trace_context,
-            cancel_requested=cancel_requested_at is not None,
+            Fence(row["id"], row["name"], token, worker_name),
+            row["args"],
+            has_steps=row.get("has_steps"),
+            due_at=row["run_at"],
+            trace_context=row["trace_context"],
+            cancel_requested=row["cancel_requested_at"] is not None,
         )
-        for id, name, args, due, trace_context, cancel_requested_at, *rest in rows
+        for row in rows
     ]
-
-
-def _mark_claimed(ids, worker_name, token, now):
-    Workflow.objects.filter(id__in=ids).update(
-        status=RUNNING, claimed_by=worker_name, claim_token=token, claimed_at=now
-    )
-    # A run's first claim is its start, which a rate limit counts.
-    Workflow.objects.filter(id__in=ids, started_at__isnull=True).update(started_at=now)
 
 
 # --- SQLite and MariaDB: the limits read, then applied here -----------------
@@ -210,12 +250,8 @@ class _Limits:
 def _claim_in_steps(worker_name, limit, workflows, served, token, now, aged):
     with transaction.atomic():
         limits = _read_limits(served, now)
-        pairs = Workflow.objects.filter(status=SCHEDULED)
-        if served is not None:
-            pairs = pairs.filter(queue__in=served)
-        pairs = pairs.values_list("queue", "priority").distinct()
         candidates = []
-        for queue, priority in pairs:
+        for queue, priority in _scheduled_pairs(served):
             queue_limits = limits.get(queue)
             if queue_limits is not None and queue_limits.full:
                 continue
@@ -228,26 +264,41 @@ def _claim_in_steps(worker_name, limit, workflows, served, token, now, aged):
             )
             if queue_limits is not None and queue_limits.full_keys():
                 runs = runs.exclude(concurrency_key__in=queue_limits.full_keys())
-            skip_locked = connection.features.has_select_for_update_skip_locked
-            candidates += (
-                runs.select_for_update(skip_locked=skip_locked)
-                .order_by("run_at")
-                .values("id", "queue", "priority", "run_at", "concurrency_key", "started_at")[
-                    :limit
-                ]
-            )
+            candidates += _locked(runs, "queue", "priority", "concurrency_key", "started_at")[
+                :limit
+            ]
         candidates.sort(key=lambda run: (run["run_at"] > aged, -run["priority"], run["run_at"]))
         chosen = []
         for run in candidates:
             queue_limits = limits.get(run["queue"])
             if queue_limits is None or queue_limits.admits(run):
-                chosen.append(run["id"])
+                chosen.append(run)
                 if len(chosen) == limit:
                     break
-        if not chosen:
-            return []
-        taken = Workflow.objects.filter(status=SCHEDULED)
-        return _lock_and_take(taken, limit, worker_name, token, now, ids=chosen)
+        _mark_claimed(chosen, worker_name, token, now)
+    return _claimed(chosen, worker_name, token)
+
+
+def _scheduled_pairs(served):
+    """The (queue, priority) pairs of the scheduled runs of the `served`
+    queues (all if None), skipping through the claim index: two seeks at
+    most a pair, however many runs each holds."""
+    scheduled = Workflow.objects.filter(status=SCHEDULED).order_by("queue", "priority")
+    first = scheduled if served is None else scheduled.filter(queue__in=served)
+    pair = first.values_list("queue", "priority").first()
+    while pair is not None:
+        yield pair
+        queue, priority = pair
+        pair = (
+            scheduled.filter(queue=queue, priority__gt=priority)
+            .values_list("queue", "priority")
+            .first()
+        )
+        if pair is None:
+            later = scheduled.filter(queue__gt=queue)
+            if served is not None:
+                later = later.filter(queue__in=served)
+            pair = later.values_list("queue", "priority").first()
 
 
 def _read_limits(served, now):
@@ -375,6 +426,50 @@ RETURNING id, name, args, run_at, trace_context, cancel_requested_at IS NOT NULL
 """
 
 
+# The claim of a worker whose served queues have no limits: one statement
+# (a run of a queue with a limit is left out, whatever this process knows).
+CLAIM_UNLIMITED = """
+WITH RECURSIVE pairs(queue, priority) AS (
+    (SELECT queue, priority FROM everystep_workflow
+      WHERE status = 'scheduled' ORDER BY queue, priority LIMIT 1)
+  UNION ALL
+    SELECT following.queue, following.priority
+      FROM pairs, LATERAL (
+           SELECT w.queue, w.priority FROM everystep_workflow w
+            WHERE w.status = 'scheduled' AND (w.queue, w.priority) > (pairs.queue, pairs.priority)
+            ORDER BY w.queue, w.priority LIMIT 1) following
+),
+chosen AS (
+    SELECT c.id FROM pairs p
+     CROSS JOIN LATERAL (
+           SELECT w.id, w.priority, w.run_at FROM everystep_workflow w
+            WHERE w.status = 'scheduled' AND w.queue = p.queue AND w.priority = p.priority
+              AND w.run_at <= %(now)s AND w.name = ANY(%(workflows)s)
+            ORDER BY w.run_at LIMIT {limit:d}
+              FOR UPDATE OF w SKIP LOCKED) c
+     WHERE (%(every)s OR p.queue = ANY(%(served)s))
+       AND NOT EXISTS (SELECT 1 FROM everystep_queue q
+                        WHERE q.name = p.queue
+                          AND (q.concurrency IS NOT NULL OR q.key_concurrency IS NOT NULL
+                               OR q.rate_limit IS NOT NULL))
+     ORDER BY c.run_at <= %(aged)s DESC, c.priority DESC, c.run_at
+     LIMIT {limit:d}
+)
+UPDATE everystep_workflow
+   SET status = 'running', claimed_by = %(worker)s, claim_token = %(token)s,
+       claimed_at = %(now)s, started_at = COALESCE(started_at, %(now)s)
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, name, args, run_at, trace_context, cancel_requested_at IS NOT NULL,
+          EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
+"""
+# Per connection: the claims' prepared statements keep their generic plan
+# (planned for the values at hand, a claim would be planned afresh each
+# time, since runs due later make a custom plan look cheaper), and are not
+# compiled (their estimated cost can pass the threshold of PostgreSQL's
+# JIT, whose compiling takes longer than the claim).
+CLAIM_SETTINGS = ("plan_cache_mode = force_generic_plan", "jit = off")
+
+
 def _claim_in_one_round_trip(worker_name, limit, workflows, served, token, now, aged):
     params = {
         "every": served is None,
@@ -385,21 +480,28 @@ def _claim_in_one_round_trip(worker_name, limit, workflows, served, token, now, 
         "worker": worker_name,
         "token": token,
     }
-    claim_statement = (CLAIM.format(limit=int(limit)), params)
+    limited = limited_queues()
+    locking = bool(limited if served is None else limited.intersection(served))
+    if locking:
+        statements = [(LOCK_LIMITED, params), (CLAIM.format(limit=int(limit)), params)]
+    else:
+        statements = [(CLAIM_UNLIMITED.format(limit=int(limit)), params)]
     db = connection
     if db.queries_logged or not db.get_autocommit():
         # Django's cursor: its query log sees the statements (DEBUG, tests),
         # and a caller's transaction holds them (a savepoint).
         with transaction.atomic(), db.cursor() as cursor:
-            for statement, statement_params in (LOCK_LIMITED, params), claim_statement:
+            for statement, statement_params in statements:
                 cursor.execute(statement, statement_params)
             rows = cursor.fetchall()
     else:
-        # The prepared claim keeps its generic plan: planned for the values
-        # at hand, a claim would be planned afresh each time, since runs
-        # due later make a custom plan look cheaper (it sees them excluded).
-        generic = ("SET LOCAL plan_cache_mode = force_generic_plan", None)
-        rows = _pipelined(db, [generic, (LOCK_LIMITED, params), claim_statement])
+        _apply_claim_settings(db)
+        if locking:
+            rows = _pipelined(db, statements)
+        else:
+            [(statement, statement_params)] = statements
+            with db.wrap_database_errors:
+                rows = db.connection.execute(statement, statement_params).fetchall()
     claimed = [
         ClaimedRun(
             Fence(id, name, token, worker_name),
@@ -412,6 +514,18 @@ def _claim_in_one_round_trip(worker_name, limit, workflows, served, token, now, 
         for id, name, args, due_at, trace_context, cancel_requested, has_steps in rows
     ]
     return sorted(claimed, key=lambda run: run.fence.run_id)
+
+
+def _apply_claim_settings(db):
+    """Set `CLAIM_SETTINGS` on the connection, once per connection."""
+    db.ensure_connection()
+    raw = db.connection
+    if getattr(db, "_everystep_claim_settings", None) is raw:
+        return
+    with db.wrap_database_errors:
+        for setting in CLAIM_SETTINGS:
+            raw.execute(f"SET {setting}")
+    db._everystep_claim_settings = raw
 
 
 def _pipelined(db, statements):

@@ -14,7 +14,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from everystep.core import queues
-from everystep.db import workers
+from everystep.db import claims, workers
 from everystep.models import Queue, Workflow
 
 
@@ -33,6 +33,7 @@ def declare(declarations):
                 "declared_at": now,
             },
         )
+    claims.forget_limits()
 
 
 @dataclasses.dataclass(frozen=True)
