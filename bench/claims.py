@@ -19,8 +19,9 @@ after each timed claim. Each ratio to the empty table should stay under
 1.5. The baseline of a queue without limits is the claim everystep made
 before it had queues (`BASELINE`, timed on the empty table in this same
 run): the ratio of today's claim to it should stay near 1. The suite
-measures every backend, and PostgreSQL also without prepared statements (``?prepare_threshold=none``, as behind PgBouncer in
-transaction mode), where every claim is planned afresh.
+measures every backend, and PostgreSQL also without prepared statements
+(``?prepare_threshold=none``, as behind PgBouncer in transaction mode),
+where every claim is planned afresh.
 """
 
 import time
