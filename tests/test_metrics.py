@@ -371,7 +371,7 @@ QUEUE_INDEXES = {
 # Indexes of every run led by the status (MariaDB's, migrations 0007 and
 # 0008, and the running runs by queue of 0012): a planner with statistics
 # may read one status's range of them instead, as cheaply.
-LED_BY_STATUS = ("everystep_run_status", "everystep_workflow_queue_running")
+LED_BY_STATUS = ("everystep_run_status", "everystep_workflow_queue_status")
 
 
 def assert_read_from_an_unfinished_runs_index(sql):

@@ -39,7 +39,7 @@ EVERY_BACKEND = {
     "everystep_run_key",
     "everystep_run_queue",
     "everystep_workflow_claim",
-    "everystep_workflow_queue_running",
+    "everystep_workflow_queue_status",
     "everystep_workflow_started",
 }
 

@@ -11,7 +11,8 @@ during a rolling deploy gets the defaults.
 The indexes:
 - the claim's, scheduled runs by queue, priority and due time (a claim
   seeks each queue and priority present, then reads only due runs);
-- running runs by queue and key (a limited queue's counts);
+- runs by status, queue, priority and key: a limited queue's counts of
+  running runs, and the (queue, priority) pairs of the scheduled runs;
 - first starts by queue and time (a rate limit's count).
 
 On PostgreSQL a run leaving ``running`` in a queue with a concurrency
@@ -67,35 +68,37 @@ DROP_COLUMNS = {
     ]
     for vendor in ("postgresql", "sqlite", "mysql")
 }
-# Running runs by queue and key: led by the status rather than partial on
-# it, on every backend; beside the catchup's partial index of running runs,
-# another would lead the planners to read the catchup through this one.
-RUNNING_INDEX = (
-    "CREATE INDEX everystep_workflow_queue_running "
-    "ON everystep_workflow (status, queue, concurrency_key)"
+# Runs by status, queue, priority and key: led by the status rather than
+# partial on it, on every backend (beside the catchup's partial index of
+# running runs, another would lead the planners to read the catchup through
+# this one); and in the order the claim's seeks of (queue, priority) pairs
+# read, which a planner may prefer to the claim's index for them.
+STATUS_INDEX = (
+    "CREATE INDEX everystep_workflow_queue_status "
+    "ON everystep_workflow (status, queue, priority, concurrency_key)"
 )
 INDEXES = {
-    "postgresql": [CLAIM_INDEX, RUNNING_INDEX, STARTED_INDEX],
-    "sqlite": [CLAIM_INDEX, RUNNING_INDEX, STARTED_INDEX],
+    "postgresql": [CLAIM_INDEX, STATUS_INDEX, STARTED_INDEX],
+    "sqlite": [CLAIM_INDEX, STATUS_INDEX, STARTED_INDEX],
     "mysql": [
         "CREATE INDEX everystep_workflow_claim "
         "ON everystep_workflow (status, queue, priority, run_at, name)",
-        RUNNING_INDEX,
+        STATUS_INDEX,
         "CREATE INDEX everystep_workflow_started ON everystep_workflow (queue, started_at)",
     ],
 }
 DROP_INDEXES = {
     "postgresql": [
         f"DROP INDEX IF EXISTS everystep_workflow_{name}"
-        for name in ("claim", "queue_running", "started")
+        for name in ("claim", "queue_status", "started")
     ],
     "sqlite": [
         f"DROP INDEX IF EXISTS everystep_workflow_{name}"
-        for name in ("claim", "queue_running", "started")
+        for name in ("claim", "queue_status", "started")
     ],
     "mysql": [
         f"DROP INDEX everystep_workflow_{name} ON everystep_workflow"
-        for name in ("claim", "queue_running", "started")
+        for name in ("claim", "queue_status", "started")
     ],
 }
 NOTIFY_SLOT = """
