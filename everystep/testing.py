@@ -27,8 +27,9 @@ import datetime
 
 from django.db import connections
 
-from everystep.core import clock, registry
+from everystep.core import clock, queues, registry
 from everystep.db import claims
+from everystep.db import queues as queue_rows
 from everystep.engine import context, runner
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import Workflow
@@ -47,6 +48,9 @@ def run_scheduled(*, until=None, max_attempts=1000):
     instead of waiting for it: a delayed start, a durable `sleep()` or a
     retry's wait comes due at once. A run still not due after it stays
     ``scheduled``.
+
+    The queues declared in the test's modules hold their limits as a
+    worker's would: a run a queue's rate holds back stays ``scheduled``.
 
     A run a crash left ``running`` (`crash_after`) is taken back first and
     resumed, as a restarted worker takes back its own runs. Runs that crash
@@ -71,6 +75,7 @@ def run_scheduled(*, until=None, max_attempts=1000):
         runner.execute(claimed)
 
     with _in_this_transaction(), _clock_that_jumps() as jump_to:
+        queue_rows.declare(queues.declared().values())
         for claimed in claims.claim(WORKER, max_attempts, only_parked=True):
             attempt(claimed)
         while True:

@@ -21,25 +21,12 @@ from everystep.core import clock
 from everystep.errors import EverystepError
 from everystep.worker import options
 
-MAX_LIMIT = 10_000  # rows `runs` lists at most
-
 
 class Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line and exit 2."""
 
     def error(self, message):
         raise UsageError(message)
-
-
-def limit(text):
-    """`runs --limit`: a whole number from 1 to `MAX_LIMIT`."""
-    try:
-        number = int(text)
-    except ValueError:
-        number = None
-    if number is None or not 1 <= number <= MAX_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_LIMIT}")
-    return number
 
 
 def port(text):
@@ -129,26 +116,6 @@ def build_parser():
         metavar="DURATION",
         help="not before this long from now: 90s, 15m, 2h, 1d or 1h30m",
     )
-
-    runs = commands.add_parser("runs", help="recent runs, newest first")
-    runs.add_argument(
-        "--status",
-        help="scheduled, running, completed, failed, stopped, blocked or cancelled",
-    )
-    runs.add_argument(
-        "--workflow",
-        metavar="NAME",
-        help="runs of this workflow: module.function, or a unique function name",
-    )
-    runs.add_argument("--worker", metavar="NAME", help="runs claimed by this worker")
-    runs.add_argument("--queue", metavar="NAME", help="runs of this queue")
-    runs.add_argument(
-        "--since", metavar="TIME", help="created since TIME (ISO 8601) or a duration ago (2h, 1d)"
-    )
-    runs.add_argument(
-        "--limit", type=limit, default=20, help=f"how many, 1 to {MAX_LIMIT} (default 20)"
-    )
-    runs.add_argument("--json", action="store_true", help="one JSON array")
 
     show = commands.add_parser("show", help="one run with its recorded steps")
     show.add_argument("run_id")

@@ -10,9 +10,12 @@ import datetime
 import json
 import subprocess
 import sys
+import time
+import uuid
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.utils import timezone
 
 from everystep import Queue, schedule, workflow
@@ -137,11 +140,47 @@ def test_a_higher_priority_is_claimed_first_and_an_aged_run_before_it():
     assert {run.fence.run_id for run in claimed} == {low[2], top[0]}
 
 
-def test_a_workflows_queue_and_priority_are_its_runs_defaults_unless_schedule_says():
+def test_a_workflows_queue_and_priority_are_its_runs_defaults_unless_schedule_says(capsys):
     run = schedule(queue_workflows.report, 0.0)
     assert (run.queue, run.priority) == ("reports", 5)
-    run = schedule(queue_workflows.report, 0.0, queue="tight", priority=-100)
-    assert Workflow.objects.filter(id=run.id, queue="tight", priority=-100).exists()
+    moved = schedule(queue_workflows.report, 0.0, queue="tight", priority=-100)
+    assert Workflow.objects.filter(id=moved.id, queue="tight", priority=-100).exists()
+    call_command("everystep_runs", "--queue", "tight", "--json")
+    [listed] = json.loads(capsys.readouterr().out)
+    assert (listed["id"], listed["queue"], listed["priority"]) == (str(moved.id), "tight", -100)
+
+
+def test_the_wake_up_of_a_worker_waiting_for_a_slot(spawn_worker):
+    """On PostgreSQL a worker whose queue is at its limit is woken by the
+    end of a run that held a slot, not by its next poll (10 s here): the
+    held run starts within a second. Elsewhere it starts at the next poll."""
+    from everystep.db import runs
+
+    queue_rows.declare([queue_workflows.TIGHT])
+    holders = [
+        Workflow.objects.create(
+            name=queue_workflows.tight.__everystep_workflow__,
+            args=[0.0],
+            queue="tight",
+            status="running",
+            claimed_by="elsewhere",
+            claim_token=uuid.uuid4(),
+        )
+        for _ in range(3)
+    ]
+    poll = "10" if connection.vendor == "postgresql" else "0.5"
+    spawn_worker("waiting", "--poll", poll, env=QUEUE_WORKFLOWS).wait_ready()
+    held = schedule(queue_workflows.tight, 0.0)
+    # For a second, time for its turns to see the run, the full queue holds it.
+    settled = time.monotonic() + 1.0
+    while time.monotonic() < settled:
+        assert Workflow.objects.get(id=held.id).status == "scheduled"
+        time.sleep(0.05)
+    freed = timezone.now()
+    runs.transition([holders[0].id], "running", "completed")
+    finished([held.id], timeout=30)
+    started = Workflow.objects.get(id=held.id).started_at
+    assert started - freed < datetime.timedelta(seconds=1.0 if poll == "10" else 1.5)
 
 
 @pytest.mark.parametrize(

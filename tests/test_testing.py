@@ -164,3 +164,14 @@ def test_a_workflow_that_never_ends_is_stopped_with_one_clear_error(db):
     schedule(workflows.sleeper, 60)
     with pytest.raises(EverystepError, match="stopped after 2 attempts"):
         testing.run_scheduled(until=HOUR, max_attempts=2)
+
+
+def test_run_scheduled_holds_the_queues_rate_as_a_worker_would(db):
+    """The queues of the test's modules are declared: of 6 runs of a queue
+    allowing 4 starts in 2 s, 4 run and 2 stay scheduled."""
+    from tests import queue_workflows
+
+    run_ids = [schedule(queue_workflows.metered).id for _ in range(6)]
+    ran = testing.run_scheduled()
+    assert [run.id for run in ran] == run_ids[:4]
+    assert Workflow.objects.filter(id__in=run_ids, status="scheduled").count() == 2

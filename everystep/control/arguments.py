@@ -6,6 +6,7 @@ same help, so the two command lines cannot drift apart. The ``manage.py``
 command is the one that runs; the standalone runtime calls it.
 """
 
+import argparse
 import dataclasses
 
 
@@ -55,6 +56,41 @@ def _retry(parser):
     parser.add_argument("run_id", metavar="RUN_ID", help="the failed run to schedule again")
 
 
+MAX_LIMIT = 10_000  # rows `runs` lists at most
+
+
+def _limit(text):
+    """`runs --limit`: a whole number from 1 to `MAX_LIMIT`."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = None
+    if number is None or not 1 <= number <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_LIMIT}")
+    return number
+
+
+def _runs(parser):
+    parser.add_argument(
+        "--status",
+        help="scheduled, running, completed, failed, stopped, blocked or cancelled",
+    )
+    parser.add_argument(
+        "--workflow",
+        metavar="NAME",
+        help="runs of this workflow: module.function, or a unique function name",
+    )
+    parser.add_argument("--worker", metavar="NAME", help="runs claimed by this worker")
+    parser.add_argument("--queue", metavar="NAME", help="runs of this queue")
+    parser.add_argument(
+        "--since", metavar="TIME", help="created since TIME (ISO 8601) or a duration ago (2h, 1d)"
+    )
+    parser.add_argument(
+        "--limit", type=_limit, default=20, help=f"how many, 1 to {MAX_LIMIT} (default 20)"
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON array")
+
+
 def _json_only(parser):
     parser.add_argument("--json", action="store_true", help="one JSON array")
 
@@ -90,6 +126,13 @@ COMMANDS = {
             "Retry a failed run: it is scheduled again; its done steps are served from the "
             "record and its failed steps run again.",
             _retry,
+        ),
+        Command(
+            "runs",
+            "recent runs, newest first",
+            "List the newest runs first, filtered as the UI's runs page filters them; --json "
+            "prints them as its api/runs gives them, step counts included.",
+            _runs,
         ),
         Command(
             "schedules",
