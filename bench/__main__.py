@@ -81,7 +81,7 @@ SIZES = {  # name: (full, quick)
     "claim_samples": (200, 50),
     "finished_runs": (1_000_000, 50_000),
     "ui_runs": (1_000_000, 50_000),
-    "flow_runs": (400, 80),
+    "flow_runs": (200, 80),
     "flow_rated": (200, 60),
     "ui_samples": (20, 5),
     "replay_repeat": (5, 2),

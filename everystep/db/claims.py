@@ -341,15 +341,9 @@ LOCK_LIMITED = """
      ORDER BY name
        FOR UPDATE
 """
-# The scheduled (queue, priority) pairs are found by skipping through the
-# claim index one pair at a time, as many seeks as pairs. Each served pair
-# then gives at most `limit` due runs, locked, in due order; the window
-# functions count, in claim order, how many of each queue, of its first
-# starts and of each key the claim would take, and the limits cut there.
-# 'scheduled' is written in and so is the limit, so that a generic plan
-# keeps the partial index (see the claim of `everystep.db.runs` before
-# queues for why).
-CLAIM = """
+# The scheduled (queue, priority) pairs, found by skipping through the claim
+# index one pair at a time: as many seeks as pairs, however many runs each.
+PAIRS = """
 WITH RECURSIVE pairs(queue, priority) AS (
     (SELECT queue, priority FROM everystep_workflow
       WHERE status = 'scheduled' ORDER BY queue, priority LIMIT 1)
@@ -360,6 +354,27 @@ WITH RECURSIVE pairs(queue, priority) AS (
             WHERE w.status = 'scheduled' AND (w.queue, w.priority) > (pairs.queue, pairs.priority)
             ORDER BY w.queue, w.priority LIMIT 1) following
 ),
+"""
+# The runs the statement `chosen`, moved to running under the claim.
+TAKE_CHOSEN = """
+UPDATE everystep_workflow
+   SET status = 'running', claimed_by = %(worker)s, claim_token = %(token)s,
+       claimed_at = %(now)s, started_at = COALESCE(started_at, %(now)s)
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, name, args, run_at, trace_context, cancel_requested_at IS NOT NULL,
+          EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
+"""
+
+# The claim under the limited queues' locks: each served (queue, priority)
+# pair gives at most `limit` due runs, locked, in due order; the window
+# functions count, in claim order, how many of each queue, of its first
+# starts and of each key the claim would take, and the limits cut there.
+# 'scheduled' is written in, and so is the limit: a generic plan keeps the
+# partial index, and a bound LIMIT would be assumed to keep a tenth of the
+# candidates.
+CLAIM = (
+    PAIRS
+    + """
 limits AS (
     SELECT q.name, q.concurrency, q.key_concurrency, q.rate_limit,
            CASE WHEN q.concurrency IS NOT NULL THEN
@@ -417,28 +432,16 @@ chosen AS (
      ORDER BY r.aged DESC, r.priority DESC, r.run_at
      LIMIT {limit:d}
 )
-UPDATE everystep_workflow
-   SET status = 'running', claimed_by = %(worker)s, claim_token = %(token)s,
-       claimed_at = %(now)s, started_at = COALESCE(started_at, %(now)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen))
-RETURNING id, name, args, run_at, trace_context, cancel_requested_at IS NOT NULL,
-          EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
 """
+    + TAKE_CHOSEN
+)
 
 
 # The claim of a worker whose served queues have no limits: one statement
 # (a run of a queue with a limit is left out, whatever this process knows).
-CLAIM_UNLIMITED = """
-WITH RECURSIVE pairs(queue, priority) AS (
-    (SELECT queue, priority FROM everystep_workflow
-      WHERE status = 'scheduled' ORDER BY queue, priority LIMIT 1)
-  UNION ALL
-    SELECT following.queue, following.priority
-      FROM pairs, LATERAL (
-           SELECT w.queue, w.priority FROM everystep_workflow w
-            WHERE w.status = 'scheduled' AND (w.queue, w.priority) > (pairs.queue, pairs.priority)
-            ORDER BY w.queue, w.priority LIMIT 1) following
-),
+CLAIM_UNLIMITED = (
+    PAIRS
+    + """
 chosen AS (
     SELECT c.id FROM pairs p
      CROSS JOIN LATERAL (
@@ -455,13 +458,9 @@ chosen AS (
      ORDER BY c.run_at <= %(aged)s DESC, c.priority DESC, c.run_at
      LIMIT {limit:d}
 )
-UPDATE everystep_workflow
-   SET status = 'running', claimed_by = %(worker)s, claim_token = %(token)s,
-       claimed_at = %(now)s, started_at = COALESCE(started_at, %(now)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen))
-RETURNING id, name, args, run_at, trace_context, cancel_requested_at IS NOT NULL,
-          EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
 """
+    + TAKE_CHOSEN
+)
 # Per connection: the claims' prepared statements keep their generic plan
 # (planned for the values at hand, a claim would be planned afresh each
 # time, since runs due later make a custom plan look cheaper), and are not
