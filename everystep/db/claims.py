@@ -250,6 +250,8 @@ class _Limits:
 def _claim_in_steps(worker_name, limit, workflows, served, token, now, aged):
     with transaction.atomic():
         limits = _read_limits(served, now)
+        if served is None and not _any_due(now):
+            return []  # one seek, where the pairs would take one or two each
         candidates = []
         for queue, priority in _scheduled_pairs(served):
             queue_limits = limits.get(queue)
@@ -277,6 +279,12 @@ def _claim_in_steps(worker_name, limit, workflows, served, token, now, aged):
                     break
         _mark_claimed(chosen, worker_name, token, now)
     return _claimed(chosen, worker_name, token)
+
+
+def _any_due(now):
+    """Whether any scheduled run is due: the first entry of the due-time
+    index's range."""
+    return Workflow.objects.filter(status=SCHEDULED, run_at__lte=now).exists()
 
 
 def _scheduled_pairs(served):
