@@ -162,11 +162,6 @@ def declared():
     return dict(_declared)
 
 
-def forget(name):
-    """Forget the declaration of `name` (a test's module unloaded)."""
-    _declared.pop(name, None)
-
-
 def accept(names):
     """Accept `names` as known queues of this process without limits (the
     Tasks backend's ``QUEUES``)."""

@@ -257,6 +257,7 @@ def _claim_in_steps(worker_name, limit, workflows, served, token, now, aged):
             queue_limits = limits.get(queue)
             if queue_limits is not None and queue_limits.full:
                 continue
+            full_keys = queue_limits.full_keys() if queue_limits is not None else []
             runs = Workflow.objects.filter(
                 status=SCHEDULED,
                 queue=queue,
@@ -264,8 +265,8 @@ def _claim_in_steps(worker_name, limit, workflows, served, token, now, aged):
                 run_at__lte=now,
                 name__in=workflows,
             )
-            if queue_limits is not None and queue_limits.full_keys():
-                runs = runs.exclude(concurrency_key__in=queue_limits.full_keys())
+            if full_keys:
+                runs = runs.exclude(concurrency_key__in=full_keys)
             candidates += _locked(runs, "queue", "priority", "concurrency_key", "started_at")[
                 :limit
             ]
@@ -333,11 +334,15 @@ def _read_limits(served, now):
                 .values_list("concurrency_key", "n")
             )
         if row.rate_limit is not None:
-            since = now - datetime.timedelta(seconds=row.rate_seconds)
-            queue_limits.started = Workflow.objects.filter(
-                queue=row.name, started_at__gt=since
-            ).count()
+            queue_limits.started = starts_within(row.name, row.rate_seconds, now)
     return limits
+
+
+def starts_within(queue, seconds, now):
+    """How many runs of `queue` first started in the `seconds` before `now`:
+    what its rate limit counts."""
+    since = now - datetime.timedelta(seconds=seconds)
+    return Workflow.objects.filter(queue=queue, started_at__gt=since).count()
 
 
 # --- PostgreSQL: one round trip ----------------------------------------------

@@ -8,7 +8,6 @@ changes a limit changes it for every worker once one new worker started.
 """
 
 import dataclasses
-import datetime
 
 from django.db.models import Count
 from django.utils import timezone
@@ -104,11 +103,8 @@ def _held(row, running, due, served_by, rate, now):
         return 0, None
     if row.concurrency is not None and running >= row.concurrency:
         return due, "concurrency"
-    if rate is not None:
-        since = now - datetime.timedelta(seconds=rate[1])
-        started = Workflow.objects.filter(queue=row.name, started_at__gt=since).count()
-        if started >= rate[0]:
-            return due, "rate"
+    if rate is not None and claims.starts_within(row.name, rate[1], now) >= rate[0]:
+        return due, "rate"
     return 0, None
 
 
@@ -140,12 +136,10 @@ def waiting_for(run, now=None):
             f"queue {run.queue} at its limit of {row.key_concurrency} running "
             f"for the key {run.concurrency_key}"
         )
-    if row.rate_limit is not None and run.started_at is None:
-        since = now - datetime.timedelta(seconds=row.rate_seconds)
-        started = Workflow.objects.filter(queue=run.queue, started_at__gt=since).count()
-        if started >= row.rate_limit:
-            return (
-                f"queue {run.queue} at its rate of {row.rate_limit} starts "
-                f"per {row.rate_seconds:g}s"
-            )
+    if (
+        row.rate_limit is not None
+        and run.started_at is None
+        and claims.starts_within(run.queue, row.rate_seconds, now) >= row.rate_limit
+    ):
+        return f"queue {run.queue} at its rate of {row.rate_limit} starts per {row.rate_seconds:g}s"
     return None
