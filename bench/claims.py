@@ -33,7 +33,7 @@ from bench import workflows
 from bench.common import median
 from bench.db import Dialect, analyze
 from everystep import schedule
-from everystep.core import clock
+from everystep.core import clock, registry
 from everystep.core.queues import Queue
 from everystep.db import claims
 from everystep.db import queues as queue_rows
@@ -43,9 +43,11 @@ from everystep.models import Workflow
 CHUNK = 100_000
 
 
-# The claim before queues, the baseline: on PostgreSQL one statement, the
-# due runs in due order, whatever their queue or priority; elsewhere a
-# locking read of them, then an update (`claims._lock_and_take`).
+# The claim before queues, the baseline, as everystep made it then: on
+# PostgreSQL one statement through Django's cursor, the due runs in due
+# order whatever their queue or priority, read back as `ClaimedRun`s;
+# elsewhere a locking read of them through the ORM, then an update
+# (`claims._lock_and_take`).
 BASELINE = """
     UPDATE everystep_workflow
        SET status = 'running', claimed_by = %s, claim_token = %s, claimed_at = %s
@@ -60,12 +62,12 @@ BASELINE = """
 
 def baseline_claim(worker, limit):
     """Claim as everystep did before queues; returns how many runs."""
-    names, token, now = [workflows.one_step.__everystep_workflow__], uuid.uuid4(), clock.now()
+    names, token, now = registry.names(), uuid.uuid4(), clock.now()
     if connection.vendor == "postgresql":
-        connection.ensure_connection()
-        return len(
-            connection.connection.execute(BASELINE, [worker, token, now, names, now]).fetchall()
-        )
+        with connection.cursor() as cursor:
+            cursor.execute(BASELINE, [worker, token, now, names, now])
+            rows = cursor.fetchall()
+        return len(claims.claimed_from_returning(rows, worker, token))
     due = Workflow.objects.filter(status="scheduled", name__in=names, run_at__lte=now)
     return len(claims._lock_and_take(due, limit, worker, token, now))
 

@@ -2,6 +2,7 @@
 
 import datetime
 import json
+import re
 import uuid
 
 import pytest
@@ -13,12 +14,6 @@ from everystep.models import Workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# What SQLite and MariaDB read per queue and priority (`claims._claim_in_steps`).
-CLAIM_READ = (
-    "SELECT id FROM everystep_workflow WHERE status = 'scheduled' AND queue = 'default' "
-    "AND priority = 0 AND name IN ('w', 'v') AND run_at <= '2100-01-01' ORDER BY run_at LIMIT 8"
-)
-
 
 def plan(sql, params=None):
     explain = {"postgresql": "EXPLAIN ", "sqlite": "EXPLAIN QUERY PLAN ", "mysql": "EXPLAIN "}
@@ -27,10 +22,19 @@ def plan(sql, params=None):
         return " ".join(" ".join(map(str, row)) for row in cursor.fetchall())
 
 
+def due_statement(served=None):
+    """SQLite's and MariaDB's read of the due runs and the pair seeks
+    (`claims._read_due`), for the pairs a claim has just found."""
+    claims.claim("pairs", 1, ["no such workflow"], served)
+    chains = [None] if served is None else served
+    members = {chain: claims._members(claims._known_pairs(), chain) for chain in chains}
+    return claims.due_statement(chains, members, {}, ["w", "v"], timezone.now(), 8)
+
+
 def claim_plan():
     """The plan of the claim's read of due runs, as each backend makes it."""
     if connection.vendor != "postgresql":
-        return plan(CLAIM_READ)
+        return plan(*due_statement())
     params = {
         "every": True,
         "served": [],
@@ -93,16 +97,16 @@ def test_a_prepared_claim_keeps_its_generic_plan_with_many_runs_due_later():
     assert generic_plans > 0
 
 
-# The claim's parameters, in the order PREPARE gives them numbers.
-CLAIM_PARAMETERS = (
-    ("every", "boolean"),
-    ("served", "text[]"),
-    ("workflows", "text[]"),
-    ("now", "timestamptz"),
-    ("aged", "timestamptz"),
-    ("worker", "text"),
-    ("token", "uuid"),
-)
+# The types of the claim's parameters, for PREPARE.
+CLAIM_TYPES = {
+    "every": "boolean",
+    "served": "varchar[]",
+    "workflows": "text[]",
+    "now": "timestamptz",
+    "aged": "timestamptz",
+    "worker": "text",
+    "token": "uuid",
+}
 
 
 def rows_read(node):
@@ -114,7 +118,8 @@ def rows_read(node):
 
 
 @pytest.mark.backends("postgres")
-def test_the_generic_claim_reads_no_run_of_other_queues_and_none_due_later():
+@pytest.mark.parametrize("claim_sql", ["CLAIM", "CLAIM_UNLIMITED"])
+def test_the_generic_claim_reads_no_run_of_other_queues_and_none_due_later(claim_sql):
     """With 20,000 runs of another queue due now and 20,000 of the default
     queue due tomorrow, a worker serving the default queue claims its 3 due
     runs through the prepared claim's generic plan (the one it runs) while
@@ -128,28 +133,27 @@ def test_the_generic_claim_reads_no_run_of_other_queues_and_none_due_later():
     )
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE everystep_workflow")
-    statement = claims.CLAIM.format(limit=8)
-    for number, (name, _) in enumerate(CLAIM_PARAMETERS, start=1):
+    statement = getattr(claims, claim_sql).format(limit=8)
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
+    for number, name in enumerate(names, start=1):
         statement = statement.replace(f"%({name})s", f"${number}")
-    types = ", ".join(kind for _, kind in CLAIM_PARAMETERS)
+    types = ", ".join(CLAIM_TYPES[name] for name in names)
     now = timezone.now()
     aged = now - datetime.timedelta(minutes=5)
     # Written in: EXECUTE's arguments cannot be bound parameters.
-    values = (
-        "false",
-        "ARRAY['default']",
-        "ARRAY['w']",
-        f"'{now.isoformat()}'",
-        f"'{aged.isoformat()}'",
-        "'t'",
-        f"'{uuid.uuid4()}'",
-    )
+    written = {
+        "every": "false",
+        "served": "ARRAY['default']",
+        "workflows": "ARRAY['w']",
+        "now": f"'{now.isoformat()}'",
+        "aged": f"'{aged.isoformat()}'",
+        "worker": "'t'",
+        "token": f"'{uuid.uuid4()}'",
+    }
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         cursor.execute(f"PREPARE generic_claim ({types}) AS {statement}")
-        arguments = ", ".join(
-            f"{value}::{kind}" for value, (_, kind) in zip(values, CLAIM_PARAMETERS, strict=True)
-        )
+        arguments = ", ".join(f"{written[name]}::{CLAIM_TYPES[name]}" for name in names)
         cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE generic_claim ({arguments})")
         [[plan]] = cursor.fetchall()
         cursor.execute("DEALLOCATE generic_claim")
@@ -160,26 +164,34 @@ def test_the_generic_claim_reads_no_run_of_other_queues_and_none_due_later():
 
 
 @pytest.mark.backends("sqlite", "mariadb")
-def test_each_queue_and_priority_is_read_through_the_claim_index_up_to_now():
-    """SQLite and MariaDB read each served queue and priority's due runs as
-    a range of the claim index that stops at now: the 20,000 runs of
-    another queue due now and the 20,000 due tomorrow are not read."""
+@pytest.mark.parametrize("served", [None, ["default"]], ids=["every queue", "one queue"])
+def test_each_queue_and_priority_is_read_through_the_claim_index_up_to_now(served):
+    """SQLite and MariaDB read the due runs of each queue and priority, and
+    seek the pairs, through the claim's indexes, in ranges that stop after
+    a few rows: the 20,000 runs of another queue due now and the 20,000 due
+    tomorrow are not read."""
     later = timezone.now() + datetime.timedelta(days=1)
     fill(
         {"name": "w", "run_at": later},
         *[Workflow(name="w", queue="other") for _ in range(20_000)],
         *[Workflow(name="w") for _ in range(3)],
     )
-    now = timezone.now().strftime("%Y-%m-%d %H:%M:%S")
-    claim_read = CLAIM_READ.replace("2100-01-01", now)
-    read = plan(claim_read)
+    sql, params = due_statement(served)
     if connection.vendor == "sqlite":
-        assert "everystep_workflow_claim (queue=? AND priority=? AND run_at<?)" in read, read
+        read = plan(sql, params)
+        assert "SCAN w" not in read and "SCAN everystep_workflow" not in read, read
+        runs = "SEARCH w USING INDEX everystep_workflow_claim (queue=? AND priority=? AND run_at<?)"
+        assert read.count(runs) == (2 if served is None else 1), read
     else:
-        with connection.cursor() as cursor:
-            cursor.execute("EXPLAIN " + claim_read)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("ANALYZE " + sql, params)  # runs it: r_rows are the rows read
             columns = [column[0] for column in cursor.description]
-            [row] = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
-        assert (row["key"], row["type"]) == ("everystep_workflow_claim", "range"), row
-        assert int(row["rows"]) < 100, row
-    assert len(claims.claim("ranged", 8, ["w"], ["default"])) == 3
+            rows = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+            transaction.set_rollback(True)
+        reads = [row for row in rows if row["table"] == "w"]
+        assert all(row["type"] in ("range", "ref") for row in reads), rows
+        assert sum(float(row["r_rows"] or 0) for row in reads) < 100, rows
+        runs = [row for row in reads if row["key"] == "everystep_workflow_claim"]
+        assert len(runs) == (2 if served is None else 1), rows
+    claimed = claims.claim("ranged", 8, ["w"], served)
+    assert len(claimed) == (8 if served is None else 3)

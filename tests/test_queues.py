@@ -23,6 +23,7 @@ from everystep.core import queues
 from everystep.db import claims
 from everystep.db import queues as queue_rows
 from everystep.errors import EverystepError
+from everystep.models import Queue as QueueRow
 from everystep.models import Step, Workflow
 from tests import queue_workflows
 from tests.helpers import statuses, wait_until
@@ -138,6 +139,38 @@ def test_a_higher_priority_is_claimed_first_and_an_aged_run_before_it():
     top = [schedule(queue_workflows.anywhere, 0.0, priority=100).id for _ in range(2)]
     claimed = claims.claim("p", 2, names, aging=300)
     assert {run.fence.run_id for run in claimed} == {low[2], top[0]}
+
+
+def test_a_priority_first_seen_after_earlier_claims_is_still_claimed_first():
+    """A claimer that has seen only priority 0 is not misled by what it saw:
+    a run scheduled later at priority 7, or in a queue it never saw, goes
+    first in its very next claim."""
+    names = [queue_workflows.anywhere.__everystep_workflow__]
+    plain = [schedule(queue_workflows.anywhere, 0.0).id for _ in range(4)]
+    assert {run.fence.run_id for run in claims.claim("seen", 1, names)} <= set(plain)
+    urgent = schedule(queue_workflows.anywhere, 0.0, priority=7).id
+    assert [run.fence.run_id for run in claims.claim("seen", 1, names)] == [urgent]
+    elsewhere = schedule(queue_workflows.anywhere, 0.0, queue="aaa", priority=9).id
+    assert [run.fence.run_id for run in claims.claim("seen", 1, names)] == [elsewhere]
+    assert [run.fence.run_id for run in claims.claim("seen", 1, names, ["aaa"])] == []
+    rest = {run.fence.run_id for run in claims.claim("seen", 8, names)}
+    assert len(rest) == 3 and rest < set(plain)
+
+
+def test_a_limit_another_process_declares_holds_at_this_ones_next_claim():
+    """This process read the queue ``late`` as unlimited; another process
+    then declares it with a concurrency of 1 while one of its runs is
+    running (a row written here without telling this process). No claim of
+    this process takes a second run of it."""
+    names = [queue_workflows.anywhere.__everystep_workflow__]
+    first = schedule(queue_workflows.anywhere, 0.0, queue="late").id
+    second = schedule(queue_workflows.anywhere, 0.0, queue="late").id
+    assert len(claims.claim("late", 1, names)) == 1
+    claims.limited_queues()  # read now, without the queue ``late``
+    QueueRow.objects.create(name="late", concurrency=1)
+    assert claims.claim("late", 8, names) == []
+    assert claims.claim("late", 8, names, ["late"]) == []
+    assert statuses([first, second]) == {"running": 1, "scheduled": 1}
 
 
 def test_a_workflows_queue_and_priority_are_its_runs_defaults_unless_schedule_says(capsys):

@@ -3,9 +3,22 @@
 Order. Among the due runs of the queues a worker serves, a run due for
 longer than the priority aging is claimed first (the oldest first), then
 the higher priority, then the earlier due time. The claim index holds the
-scheduled runs by (queue, priority, due time): a claim seeks each queue and
-priority present and reads only its due runs, so runs of other queues and
-runs due later cost it nothing, however many.
+scheduled runs by (queue, priority, due time), so the due runs of one queue
+and priority (a pair) are one short range of it, however many runs of
+other queues are due and however many wait for a later time.
+
+Pairs. On PostgreSQL the claim finds the scheduled pairs in its own
+statement, skipping through the index one pair at a time (a recursive
+query). SQLite and MariaDB would read the whole index that way (MariaDB
+plans the recursion's seeks as scans), so there a process keeps the pairs
+its claims have seen (`_known`): a claim reads the due runs of each known
+pair of the served queues and, in the same statement, seeks the first pair
+and each known pair's successor. Every pair there is is the first or the
+successor of another, so when each pair found is known, the known pairs
+are all there are and the runs read are the claim's candidates; when a new
+one is found, the claim reads again knowing it. Either way a claim reads
+its candidates in one statement, whatever the number of pairs, and a new
+priority or queue is seen by the very claim that follows its first run.
 
 Limits. A queue's limits live in its row of ``everystep_queue``. A claim
 first locks the rows of the limited queues it serves, in name order; then,
@@ -18,13 +31,15 @@ across workers. On PostgreSQL the whole transaction is one pipelined round
 trip; SQLite's writers already take turns (``BEGIN IMMEDIATE``); MariaDB
 locks the rows, then reads and writes in a few statements.
 
-Cost. On PostgreSQL a worker none of whose served queues is limited claims
-with one plain statement that leaves out the runs of any queue with a
-limit (read in the statement itself), so it can never take one outside its
-lock: which queues are limited is read again every `LIMITS_TTL` seconds,
-and at once after this process declares queues. A limit declared by
-another process is thus applied by this one's claims within that time;
-until then they leave the queue's runs alone.
+Cost. Which queues are limited is read again every `LIMITS_TTL` seconds,
+and at once after this process declares queues. A claim none of whose
+served queues it knows as limited locks and counts nothing; it leaves out
+the runs of any queue that has a limit, read in the claim's own statement,
+so it never takes one outside the lock. A limit declared by another process
+is thus applied by this one's claims at once: they leave the queue's runs
+alone until this process reads the limits again (within `LIMITS_TTL`; on
+SQLite and MariaDB at the next claim, whose statement says which queues
+turned out limited).
 """
 
 import dataclasses
@@ -91,7 +106,7 @@ def claim(
     in flight). Concurrent claimers never take the same run.
     """
     workflows = registry.names() if workflows is None else list(workflows)
-    if limit <= 0 or not workflows:
+    if limit <= 0 or not workflows or served is not None and not served:
         return []
     token = uuid.uuid4()
     now = clock.now()
@@ -249,27 +264,15 @@ class _Limits:
 
 def _claim_in_steps(worker_name, limit, workflows, served, token, now, aged):
     with transaction.atomic():
-        limits = _read_limits(served, now)
-        if served is None and not _any_due(now):
-            return []  # one seek, where the pairs would take one or two each
-        candidates = []
-        for queue, priority in _scheduled_pairs(served):
-            queue_limits = limits.get(queue)
-            if queue_limits is not None and queue_limits.full:
-                continue
-            full_keys = queue_limits.full_keys() if queue_limits is not None else []
-            runs = Workflow.objects.filter(
-                status=SCHEDULED,
-                queue=queue,
-                priority=priority,
-                run_at__lte=now,
-                name__in=workflows,
-            )
-            if full_keys:
-                runs = runs.exclude(concurrency_key__in=full_keys)
-            candidates += _locked(runs, "queue", "priority", "concurrency_key", "started_at")[
-                :limit
-            ]
+        limited = limited_queues()
+        limits = _read_limits(sorted(limited.intersection(served or limited)), now)
+        for _ in range(MAX_ROUNDS):
+            due = _read_due(_known_pairs(), served, limits, workflows, now, limit)
+            if due.pairs_complete:
+                break
+        if due.newly_limited:
+            forget_limits()  # and leave their runs to a claim that locks them
+        candidates = [run for run in due.runs if run["queue"] not in due.newly_limited]
         candidates.sort(key=lambda run: (run["run_at"] > aged, -run["priority"], run["run_at"]))
         chosen = []
         for run in candidates:
@@ -282,40 +285,236 @@ def _claim_in_steps(worker_name, limit, workflows, served, token, now, aged):
     return _claimed(chosen, worker_name, token)
 
 
-def _any_due(now):
-    """Whether any scheduled run is due: the first entry of the due-time
-    index's range."""
-    return Workflow.objects.filter(status=SCHEDULED, run_at__lte=now).exists()
+# The scheduled (queue, priority) pairs this process has seen, shared by its
+# claims. A claim reads the due runs of each known pair, and in the same
+# statement seeks the first pair and each known pair's successor in the
+# claim index: when every pair it finds is known, the known pairs are all
+# there are (each real pair is the first, or the successor of a real one),
+# and the runs read are the claim's candidates; when it finds new ones, it
+# reads again knowing them (at most `MAX_ROUNDS` times a claim, one round
+# for each new pair).
+_known = {"pairs": frozenset()}
+_known_lock = threading.Lock()
+MAX_ROUNDS = 16
 
 
-def _scheduled_pairs(served):
-    """The (queue, priority) pairs of the scheduled runs of the `served`
-    queues (all if None), skipping through the claim index: two seeks at
-    most a pair, however many runs each holds."""
-    scheduled = Workflow.objects.filter(status=SCHEDULED).order_by("queue", "priority")
-    first = scheduled if served is None else scheduled.filter(queue__in=served)
-    pair = first.values_list("queue", "priority").first()
-    while pair is not None:
-        yield pair
-        queue, priority = pair
-        pair = (
-            scheduled.filter(queue=queue, priority__gt=priority)
-            .values_list("queue", "priority")
-            .first()
+def _known_pairs():
+    with _known_lock:
+        return _known["pairs"]
+
+
+@dataclasses.dataclass
+class _Due:
+    """What one read of the due runs found."""
+
+    runs: list
+    pairs_complete: bool
+    #: Queues read as unlimited that have a limit now (declared by another
+    #: process since this one last read which queues are limited).
+    newly_limited: set
+
+
+# The columns each part of the read gives, in order (a part gives NULL for
+# those it has no use for).
+COLUMNS = (
+    "kind",
+    "chain",
+    "id",
+    "name",
+    "args",
+    "run_at",
+    "trace_context",
+    "cancel_requested_at",
+    "has_steps",
+    "queue",
+    "priority",
+    "concurrency_key",
+    "started_at",
+)
+
+
+def _read_due(known, served, limits, workflows, now, limit):
+    """One statement: the due runs of the known pairs of the `served`
+    queues that their `limits` leave room for (up to `limit` each, locked on
+    MariaDB, in due order), the pair seeks that check the known pairs, and
+    which of the queues read as unlimited have a limit after all."""
+    chains = _chains(served)
+    members = {chain: _members(known, chain) for chain in chains}
+    statement = due_statement(chains, members, limits, workflows, now, limit)
+    runs, seen, newly_limited = [], {chain: set() for chain in chains}, set()
+    for row in sql.fetch(connection, *statement):
+        row = dict(zip(COLUMNS, row, strict=True))
+        if row["kind"] == "pair":
+            seen[chains[row["chain"]]].add((row["queue"], row["priority"]))
+        elif row["kind"] == "limited":
+            newly_limited.add(row["queue"])
+        else:
+            runs.append(_decoded(row))
+    complete = _learn(members, seen)
+    return _Due(runs, complete, newly_limited)
+
+
+def due_statement(chains, members, limits, workflows, now, limit):
+    """`_read_due`'s statement and its parameters: for each chain (every
+    queue, or one served queue) and its `members` (the known pairs), its
+    pair seeks and its pairs' due runs."""
+    statement = _DueStatement(connection.vendor)
+    for number, chain in enumerate(chains):
+        statement.seek_first(number, chain)
+        for pair in sorted(members[chain]):
+            statement.seek_after(number, pair, next_queue=chain is None)
+    unlimited = set()
+    for chain in chains:
+        for queue, priority in sorted(members[chain]):
+            queue_limits = limits.get(queue)
+            if queue_limits is None:
+                unlimited.add(queue)
+            elif queue_limits.full:
+                continue
+            statement.runs(queue, priority, workflows, now, limit, _full_keys(queue_limits))
+    statement.limited_among(sorted(unlimited))
+    return statement.sql()
+
+
+def _chains(served):
+    """The chains of pairs a claim checks: every queue's, or each served
+    queue's."""
+    return [None] if served is None else list(dict.fromkeys(served))
+
+
+def _learn(members, seen):
+    """Update the known pairs with the pairs each chain's seeks found
+    (`seen`) where the chain knew `members`; whether every pair found was
+    known (then the found ones are exactly the chain's pairs)."""
+    complete = True
+    with _known_lock:
+        pairs = _known["pairs"]
+        for chain, found in seen.items():
+            if found <= members[chain]:
+                pairs = (pairs - members[chain]) | found
+            else:
+                pairs |= found
+                complete = False
+        _known["pairs"] = pairs
+    return complete
+
+
+def _members(pairs, chain):
+    """The `pairs` a chain holds: all of them, or those of its queue."""
+    return frozenset(pair for pair in pairs if chain is None or pair[0] == chain)
+
+
+def _full_keys(queue_limits):
+    return queue_limits.full_keys() if queue_limits is not None else []
+
+
+def _decoded(row):
+    """A run read by raw SQL, as the ORM would give it."""
+    row["id"] = uuid.UUID(str(row["id"]))
+    row["args"] = sql.decode_json(row["args"])
+    row["run_at"] = sql.aware(row["run_at"])
+    if isinstance(row["trace_context"], str):
+        row["trace_context"] = json.loads(row["trace_context"])
+    if row["has_steps"] is not None:
+        row["has_steps"] = bool(row["has_steps"])
+    return row
+
+
+class _DueStatement:
+    """The parts of `_read_due`'s statement, each a read of the claim index
+    that stops after a few rows, joined by UNION ALL."""
+
+    def __init__(self, vendor):
+        self.vendor = vendor
+        self.parts = []
+        self.params = []
+
+    def _pair_seek(self, number, condition, params):
+        self._add(
+            f"SELECT 'pair', {number:d}, {_nulls(7)}, w.queue, w.priority, NULL, NULL "
+            f"FROM everystep_workflow w WHERE w.status = 'scheduled'{condition} "
+            "ORDER BY w.queue, w.priority LIMIT 1",
+            params,
         )
-        if pair is None:
-            later = scheduled.filter(queue__gt=queue)
-            if served is not None:
-                later = later.filter(queue__in=served)
-            pair = later.values_list("queue", "priority").first()
+
+    def seek_first(self, number, queue):
+        """The first pair of chain `number`: of every queue, or of `queue`."""
+        if queue is None:
+            self._pair_seek(number, "", [])
+        else:
+            self._pair_seek(number, " AND w.queue = %s", [queue])
+
+    def seek_after(self, number, pair, next_queue):
+        """The pair after `pair` in its queue, and with `next_queue`, the
+        first pair of the next queue."""
+        queue, priority = pair
+        self._pair_seek(number, " AND w.queue = %s AND w.priority > %s", [queue, priority])
+        if next_queue:
+            self._pair_seek(number, " AND w.queue > %s", [queue])
+
+    def runs(self, queue, priority, workflows, now, limit, full_keys):
+        """Up to `limit` due runs of the pair, in due order, but those of
+        the `full_keys`."""
+        has_steps = (
+            "EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = w.id)"
+            if self.vendor != "mysql"  # see `_locked`
+            else "NULL"
+        )
+        keys = ""
+        if full_keys:
+            keys = (
+                " AND (w.concurrency_key IS NULL OR w.concurrency_key NOT IN "
+                f"({_placeholders(full_keys)}))"
+            )
+        # MariaDB may otherwise take the due-time index, and skip through
+        # other pairs' due runs.
+        index = " FORCE INDEX (everystep_workflow_claim)" if self.vendor == "mysql" else ""
+        lock = " FOR UPDATE SKIP LOCKED" if self.vendor == "mysql" else ""
+        self._add(
+            f"SELECT 'run', NULL, w.id, w.name, w.args, w.run_at, w.trace_context, "
+            f"w.cancel_requested_at, {has_steps}, w.queue, w.priority, w.concurrency_key, "
+            f"w.started_at FROM everystep_workflow w{index} "
+            "WHERE w.status = 'scheduled' AND w.queue = %s AND w.priority = %s "
+            f"AND w.run_at <= %s AND w.name IN ({_placeholders(workflows)}){keys} "
+            f"ORDER BY w.run_at LIMIT {int(limit):d}{lock}",
+            [queue, priority, sql.datetime_param(connection, now), *workflows, *full_keys],
+        )
+
+    def limited_among(self, queues):
+        """Which of `queues` have a limit."""
+        if queues:
+            self._add(
+                f"SELECT 'limited', NULL, {_nulls(7)}, q.name, NULL, NULL, NULL "
+                f"FROM everystep_queue q WHERE q.name IN ({_placeholders(queues)}) "
+                "AND (q.concurrency IS NOT NULL OR q.key_concurrency IS NOT NULL "
+                "OR q.rate_limit IS NOT NULL)",
+                queues,
+            )
+
+    def _add(self, part, params):
+        # A part with its own ORDER BY and LIMIT is a subquery on SQLite and
+        # in parentheses on MariaDB.
+        self.parts.append(f"SELECT * FROM ({part})" if self.vendor == "sqlite" else f"({part})")
+        self.params += params
+
+    def sql(self):
+        return " UNION ALL ".join(self.parts), self.params
 
 
-def _read_limits(served, now):
-    """The limits of the limited queues among `served` (all if None), their
-    rows locked until the transaction ends, with their current use."""
-    rows = Queue.objects.filter(LIMITED)
-    if served is not None:
-        rows = rows.filter(name__in=served)
+def _nulls(count):
+    return ", ".join(["NULL"] * count)
+
+
+def _placeholders(values):
+    return ", ".join(["%s"] * len(values))
+
+
+def _read_limits(queues, now):
+    """The limits of those of `queues` that are limited, their rows locked
+    until the transaction ends, with their current use."""
+    if not queues:
+        return {}
+    rows = Queue.objects.filter(LIMITED, name__in=queues)
     if connection.features.has_select_for_update:
         rows = rows.select_for_update()
     limits = {}
@@ -493,7 +692,7 @@ def _claim_in_one_round_trip(worker_name, limit, workflows, served, token, now, 
         "token": token,
     }
     limited = limited_queues()
-    locking = bool(limited if served is None else limited.intersection(served))
+    locking = bool(limited.intersection(served or limited))
     if locking:
         statements = [(LOCK_LIMITED, params), (CLAIM.format(limit=int(limit)), params)]
     else:
@@ -514,6 +713,11 @@ def _claim_in_one_round_trip(worker_name, limit, workflows, served, token, now, 
             [(statement, statement_params)] = statements
             with db.wrap_database_errors:
                 rows = db.connection.execute(statement, statement_params).fetchall()
+    return claimed_from_returning(rows, worker_name, token)
+
+
+def claimed_from_returning(rows, worker_name, token):
+    """The `ClaimedRun`s of the rows `TAKE_CHOSEN` returned, by run id."""
     claimed = [
         ClaimedRun(
             Fence(id, name, token, worker_name),

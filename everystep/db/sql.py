@@ -19,10 +19,19 @@ def execute(db, sql, params):
     step more than the rest of the engine's Python. Errors are still
     Django's, execute wrappers still see the statement, and Django's query
     log (DEBUG, tests) still gets it, through Django's own cursor."""
+    return _run(db, sql, params, lambda cursor: cursor.rowcount)
+
+
+def fetch(db, sql, params):
+    """Run `sql` as `execute` does, and return its rows."""
+    return _run(db, sql, params, lambda cursor: cursor.fetchall())
+
+
+def _run(db, sql, params, result):
     if db.queries_logged:
         with db.cursor() as cursor:
             cursor.execute(sql, params)
-            return cursor.rowcount
+            return result(cursor)
     db.ensure_connection()
     raw = db.connection
     cached = getattr(db, "_everystep_cursor", None)
@@ -36,7 +45,7 @@ def execute(db, sql, params):
         execute = functools.partial(wrapper, execute)
     with db.wrap_database_errors:
         execute(sql, params, False, {"connection": db, "cursor": cursor})
-    return cursor.rowcount
+        return result(cursor)
 
 
 @functools.cache
