@@ -12,6 +12,7 @@ DATABASES before Django is configured.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import glob
 import os
 import pwd
@@ -280,6 +281,21 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def free_base_port(*offsets: int) -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago, and so were the
+    ports `offsets` above it (honcho gives its processes base, base + 100, …)."""
+    while True:
+        base = free_port()
+        try:
+            with contextlib.ExitStack() as held:
+                for offset in offsets:
+                    sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    sock.bind(("127.0.0.1", base + offset))
+        except OSError:
+            continue
+        return base
 
 
 def _env_var(backend: str) -> str:

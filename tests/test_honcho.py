@@ -15,7 +15,7 @@ import pytest
 
 from tests.freshproject import empty_database_url
 from tests.processes import kill_group
-from tests.servers import free_port
+from tests.servers import free_base_port
 from tests.settings import BACKEND
 from tests.workerproc import REPO
 from tests.zipapp import clean_environment
@@ -82,7 +82,7 @@ def test_the_worker_waits_for_the_release_runs_a_run_and_stops_cleanly_on_ctrl_c
 def test_the_worker_and_the_web_process_run_side_by_side_after_the_release(honcho):
     migrated = honcho.run("everystep", "migrate")
     assert migrated.returncode == 0, migrated.stderr
-    base = free_port()  # honcho gives each process its own PORT: base, base + 100
+    base = free_base_port(100)  # honcho gives each process its own PORT: base, base + 100
     local = honcho("start", "--port", str(base), "worker", "web")
     local.wait_ready()
     local.wait_for_log(f"operator UI serving on http://127.0.0.1:{base + 100}/")
@@ -98,7 +98,7 @@ def test_plain_honcho_start_on_a_fresh_database_ends_cleanly_with_the_release(ho
     may fail meanwhile: on SQLite the release's migrate, the worker and the
     UI take turns migrating the new file; on a server the worker and the UI
     wait for the release instead of refusing to start."""
-    local = honcho("start", "--port", str(free_port()))
+    local = honcho("start", "--port", str(free_base_port(100, 200)))
     assert local.wait(180) == 0, local.log()
     log = local.log()
     for process in ("release", "worker", "web"):
