@@ -50,7 +50,7 @@ def workflow(func=None, *, cron=None, timezone="UTC", queue=queues.DEFAULT, prio
         from everystep.core import cron as cron_schedules
 
         schedule = cron_schedules.schedule_for(func, name, cron, timezone)
-    func.__everystep_workflow__ = registry.register(func, schedule, queue, priority)
+    func.__everystep_workflow__ = registry.register(func, schedule, queue, priority, name=name)
     return func
 
 
@@ -218,7 +218,7 @@ def schedule(
     queue = queues.check_name(default_queue if queue is None else queue)
     priority = queues.check_priority(default_priority if priority is None else priority)
     queues.check_key(concurrency_key)
-    declared = queues.declared().get(queue)
+    declared = queues.declared_queue(queue)
     if declared is not None and declared.key_concurrency is not None and concurrency_key is None:
         raise EverystepError(
             f"queue {queue!r} limits runs per concurrency_key: schedule its runs with one"

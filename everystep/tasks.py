@@ -28,9 +28,10 @@ imports them as it imports ``workflows``), and of the modules named in
 ``django-tasks`` backport provides the same API, and is used when present.
 """
 
+import contextvars
+import dataclasses
 import functools
 import inspect
-import traceback
 
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
@@ -51,7 +52,7 @@ except ImportError:  # Django 5.2: the django-tasks backport
     from django_tasks.utils import normalize_json
 
 from everystep import api
-from everystep.core import ids, queues, registry, retry_policy
+from everystep.core import ids, queues, registry, retry_policy, serde
 from everystep.engine import context
 from everystep.errors import EverystepError
 
@@ -208,8 +209,10 @@ def _register(task, backend):
     """Register the workflow that runs `task`: under the task's dotted path,
     one step calling its function with the backend's retry policy."""
     name = task.module_path
-    known = registry.get(name)
-    if getattr(known, "__everystep_task__", None) == task:
+    known = getattr(registry.get(name), "__everystep_task__", None)
+    # The same task with other options (`using()`, and each result read)
+    # runs as the same workflow, registered once with the task's own.
+    if known is not None and known.func is task.func and known.backend == task.backend:
         return
     call = functools.partial(_call, task, backend)
     call.__module__, call.__qualname__ = task.func.__module__, task.func.__qualname__
@@ -219,9 +222,9 @@ def _register(task, backend):
         try:
             value = step(args, kwargs)
         except Exception as exc:
-            _finished(task, backend, TaskResultStatus.FAILED, exc)
+            _finished(backend, TaskResultStatus.FAILED, exc)
             raise
-        _finished(task, backend, TaskResultStatus.SUCCESSFUL, value=value)
+        _finished(backend, TaskResultStatus.SUCCESSFUL, value=value)
         return value
 
     run_task.__module__, run_task.__qualname__ = task.func.__module__, task.func.__qualname__
@@ -234,7 +237,7 @@ def _register(task, backend):
 def _call(task, backend, args, kwargs):
     """The step: the task's function called once, with its context if it
     takes one, and its return value normalized as Django's backends do."""
-    result = _running(task, backend)
+    result = _running(backend)
     signals.task_started.send(type(backend), task_result=result)
     if task.takes_context:
         args = [TaskContext(task_result=result), *args]
@@ -245,27 +248,30 @@ def _call(task, backend, args, kwargs):
     return normalize_json(value)
 
 
-def _running(task, backend):
+#: The task result read for the attempt running now, which its end reuses.
+_attempt_result = contextvars.ContextVar("everystep_task_result", default=None)
+
+
+def _running(backend):
     """The task result of the run executing now, ``RUNNING`` in its current attempt."""
     ctx = context.current()
     result = backend.get_result(ctx.workflow_id)
     object.__setattr__(result, "status", TaskResultStatus.RUNNING)
     object.__setattr__(result, "worker_ids", [ctx.run.fence.worker] * ctx.step_attempt)
+    _attempt_result.set(result)
     return result
 
 
-def _finished(task, backend, status, exc=None, value=None):
-    """Send ``task_finished`` for the run executing now, ending `status`."""
+def _finished(backend, status, exc=None, value=None):
+    """Send ``task_finished`` for the run executing now, ending `status`:
+    the result its attempt read, or read now (a step replayed, not run)."""
     ctx = context.current()
-    result = backend.get_result(ctx.workflow_id)
-    object.__setattr__(result, "status", status)
+    result = _attempt_result.get()
+    if result is None or result.id != str(ctx.workflow_id):
+        result = backend.get_result(ctx.workflow_id)
+    result = dataclasses.replace(result, status=status)
     if exc is not None:
-        kind = type(exc)
-        error = TaskError(
-            exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
-            traceback="".join(traceback.format_exception(exc)),
-        )
-        object.__setattr__(result, "errors", [error])
+        object.__setattr__(result, "errors", [_task_error(serde.encode_exception(exc))])
     else:
         object.__setattr__(result, "_return_value", value)
     signals.task_finished.send(type(backend), task_result=result)

@@ -88,7 +88,7 @@ def _runs(parser):
     parser.add_argument(
         "--limit", type=_limit, default=20, help=f"how many, 1 to {MAX_LIMIT} (default 20)"
     )
-    parser.add_argument("--json", action="store_true", help="one JSON array")
+    _json_only(parser)
 
 
 def _json_only(parser):

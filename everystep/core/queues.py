@@ -138,28 +138,31 @@ class Queue:
             )
         _declared[self.name] = self
 
-    @property
-    def limited(self):
-        """Whether any limit holds its runs back."""
-        return any(
-            limit is not None for limit in (self.concurrency, self.key_concurrency, self.rate)
-        )
-
     def describe(self):
-        """Its limits as people say them: ``concurrency 5, rate 100 per 60s``."""
-        parts = []
-        if self.concurrency is not None:
-            parts.append(f"concurrency {self.concurrency}")
-        if self.key_concurrency is not None:
-            parts.append(f"key concurrency {self.key_concurrency}")
-        if self.rate is not None:
-            parts.append(f"rate {self.rate[0]} per {self.rate[1]:g}s")
-        return ", ".join(parts) or "no limits"
+        """Its limits as people say them (`describe`)."""
+        return describe(self.concurrency, self.key_concurrency, self.rate)
+
+
+def describe(concurrency, key_concurrency, rate):
+    """Limits as people say them: ``concurrency 5, rate 100 per 60s``."""
+    parts = []
+    if concurrency is not None:
+        parts.append(f"concurrency {concurrency}")
+    if key_concurrency is not None:
+        parts.append(f"key concurrency {key_concurrency}")
+    if rate is not None:
+        parts.append(f"rate {rate[0]} per {rate[1]:g}s")
+    return ", ".join(parts) or "no limits"
 
 
 def declared():
     """The queues declared in this process, by name."""
     return dict(_declared)
+
+
+def declared_queue(name):
+    """The queue `name` as declared in this process, or None."""
+    return _declared.get(name)
 
 
 def accept(names):

@@ -1,5 +1,6 @@
 """The workflows this process can run, by qualified name ``module.qualname``."""
 
+from everystep.core.queues import DEFAULT
 from everystep.errors import EverystepError
 
 MAX_NAME_LENGTH = 300
@@ -13,7 +14,7 @@ def qualified_name(func):
     return f"{func.__module__}.{func.__qualname__}"
 
 
-def register(func, schedule=None, queue="default", priority=0, name=None):
+def register(func, schedule=None, queue=DEFAULT, priority=0, name=None):
     """Register `func` as a workflow, under `name` (default: its qualified
     name), with its cron `schedule` if it has one and the `queue` and
     `priority` its runs take unless told; return its name. Registering the
@@ -32,7 +33,7 @@ def register(func, schedule=None, queue="default", priority=0, name=None):
 def placement(name):
     """``(queue, priority)`` that runs of the workflow `name` take unless
     told; the default queue at priority 0 for a workflow not registered."""
-    return _placement.get(name, ("default", 0))
+    return _placement.get(name, (DEFAULT, 0))
 
 
 def unregister(name):

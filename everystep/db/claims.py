@@ -177,9 +177,9 @@ def _lock_and_take(candidates, limit, worker_name, token, now):
 FIELDS = ("id", "name", "args", "run_at", "trace_context", "cancel_requested_at")
 
 
-def _locked(candidates, *more):
-    """The `candidates`' `FIELDS` (and `more`) in due order, each row locked
-    as it is read, skipping those another claimer holds."""
+def _locked(candidates):
+    """The `candidates`' `FIELDS` in due order, each row locked as it is
+    read, skipping those another claimer holds."""
     # Whether a run has steps comes with the claim, so a first attempt skips
     # loading them. Not on MariaDB: there a subquery of a locking read locks
     # the step rows it reads, in the way of other runs' writes.
@@ -191,7 +191,7 @@ def _locked(candidates, *more):
     return (
         candidates.select_for_update(skip_locked=skip_locked)
         .order_by("run_at")
-        .values(*FIELDS, *more, *(["has_steps"] if connection.vendor != "mysql" else []))
+        .values(*FIELDS, *(["has_steps"] if connection.vendor != "mysql" else []))
     )
 
 
@@ -249,7 +249,7 @@ class _Limits:
         """Whether `run` (a candidate row) fits, counting it in if so."""
         key = run["concurrency_key"]
         first_start = run["started_at"] is None
-        if self.concurrency is not None and self.running >= self.concurrency:
+        if self.full:
             return False
         if self.rate_limit is not None and first_start and self.started >= self.rate_limit:
             return False
@@ -267,7 +267,7 @@ def _claim_in_steps(worker_name, limit, workflows, served, token, now, aged):
         limited = limited_queues()
         limits = _read_limits(sorted(limited.intersection(served or limited)), now)
         for _ in range(MAX_ROUNDS):
-            due = _read_due(_known_pairs(), served, limits, workflows, now, limit)
+            due = _read_due(served, limits, workflows, now, limit)
             if due.pairs_complete:
                 break
         if due.newly_limited:
@@ -285,14 +285,8 @@ def _claim_in_steps(worker_name, limit, workflows, served, token, now, aged):
     return _claimed(chosen, worker_name, token)
 
 
-# The scheduled (queue, priority) pairs this process has seen, shared by its
-# claims. A claim reads the due runs of each known pair, and in the same
-# statement seeks the first pair and each known pair's successor in the
-# claim index: when every pair it finds is known, the known pairs are all
-# there are (each real pair is the first, or the successor of a real one),
-# and the runs read are the claim's candidates; when it finds new ones, it
-# reads again knowing them (at most `MAX_ROUNDS` times a claim, one round
-# for each new pair).
+# The scheduled (queue, priority) pairs this process's claims have seen (the
+# module's "Pairs"), and how many times a claim reads again on finding new ones.
 _known = {"pairs": frozenset()}
 _known_lock = threading.Lock()
 MAX_ROUNDS = 16
@@ -333,13 +327,13 @@ COLUMNS = (
 )
 
 
-def _read_due(known, served, limits, workflows, now, limit):
+def _read_due(served, limits, workflows, now, limit):
     """One statement: the due runs of the known pairs of the `served`
     queues that their `limits` leave room for (up to `limit` each, locked on
     MariaDB, in due order), the pair seeks that check the known pairs, and
     which of the queues read as unlimited have a limit after all."""
     chains = _chains(served)
-    members = {chain: _members(known, chain) for chain in chains}
+    members = {chain: _members(_known_pairs(), chain) for chain in chains}
     statement = due_statement(chains, members, limits, workflows, now, limit)
     runs, seen, newly_limited = [], {chain: set() for chain in chains}, set()
     for row in sql.fetch(connection, *statement):
@@ -371,7 +365,8 @@ def due_statement(chains, members, limits, workflows, now, limit):
                 unlimited.add(queue)
             elif queue_limits.full:
                 continue
-            statement.runs(queue, priority, workflows, now, limit, _full_keys(queue_limits))
+            full_keys = queue_limits.full_keys() if queue_limits is not None else []
+            statement.runs(queue, priority, workflows, now, limit, full_keys)
     statement.limited_among(sorted(unlimited))
     return statement.sql()
 
@@ -402,10 +397,6 @@ def _learn(members, seen):
 def _members(pairs, chain):
     """The `pairs` a chain holds: all of them, or those of its queue."""
     return frozenset(pair for pair in pairs if chain is None or pair[0] == chain)
-
-
-def _full_keys(queue_limits):
-    return queue_limits.full_keys() if queue_limits is not None else []
 
 
 def _decoded(row):
@@ -511,29 +502,33 @@ def _placeholders(values):
 
 def _read_limits(queues, now):
     """The limits of those of `queues` that are limited, their rows locked
-    until the transaction ends, with their current use."""
+    until the transaction ends, with their current use: the running runs of
+    all of them counted in one query, by queue and key."""
     if not queues:
         return {}
     rows = Queue.objects.filter(LIMITED, name__in=queues)
     if connection.features.has_select_for_update:
         rows = rows.select_for_update()
-    limits = {}
-    for row in rows.order_by("name"):
-        queue_limits = limits[row.name] = _Limits(
-            row.concurrency, row.key_concurrency, row.rate_limit
-        )
-        running = Workflow.objects.filter(status=RUNNING, queue=row.name)
-        if row.concurrency is not None:
-            queue_limits.running = running.count()
-        if row.key_concurrency is not None:
-            queue_limits.running_by_key = dict(
-                running.exclude(concurrency_key=None)
-                .values("concurrency_key")
-                .annotate(n=Count("id"))
-                .values_list("concurrency_key", "n")
-            )
+    rows = list(rows.order_by("name"))
+    limits = {
+        row.name: _Limits(row.concurrency, row.key_concurrency, row.rate_limit) for row in rows
+    }
+    running = (
+        Workflow.objects.filter(status=RUNNING, queue__in=list(limits))
+        .values_list("queue", "concurrency_key")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    folded = {name.casefold(): queue_limits for name, queue_limits in limits.items()}
+    for queue, key, count in running:
+        # MariaDB compares names without case, and groups under either spelling.
+        queue_limits = limits.get(queue) or folded[queue.casefold()]
+        queue_limits.running += count
+        if key is not None:
+            queue_limits.running_by_key[key] = count
+    for row in rows:
         if row.rate_limit is not None:
-            queue_limits.started = starts_within(row.name, row.rate_seconds, now)
+            limits[row.name].started = starts_within(row.name, row.rate_seconds, now)
     return limits
 
 

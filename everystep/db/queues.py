@@ -54,7 +54,7 @@ class QueueStatus:
     @property
     def limits(self):
         """Its limits as people say them."""
-        return queues.Queue.describe(self)
+        return queues.describe(self.concurrency, self.key_concurrency, self.rate)
 
 
 def statuses(now=None):

@@ -12,7 +12,7 @@ one place that says how a run may move.
 from django.db import transaction
 from django.utils import timezone
 
-from everystep.core import clock
+from everystep.core import clock, registry
 from everystep.errors import EverystepError
 from everystep.models import Workflow
 
@@ -27,18 +27,20 @@ def insert_run(
     trace_context=None,
     run_at=None,
     *,
-    queue="default",
-    priority=0,
+    queue=None,
+    priority=None,
     concurrency_key=None,
 ):
     """Insert a scheduled run, due at `run_at` (default: now), in `queue`
-    at `priority`, in the current transaction; one INSERT.
+    at `priority` (default: the workflow's, `registry.placement`), in the
+    current transaction; one INSERT.
 
     With an idempotency key the INSERT ignores a conflict on (name, key) and
     the run holding the key is read back, so concurrent callers all get the
     same run and no transaction is aborted.
     """
     now = clock.now()
+    default_queue, default_priority = registry.placement(name)
     run = Workflow(
         name=name,
         args=args,
@@ -46,8 +48,8 @@ def insert_run(
         trace_context=trace_context,
         created_at=now,
         run_at=run_at or now,
-        queue=queue,
-        priority=priority,
+        queue=default_queue if queue is None else queue,
+        priority=default_priority if priority is None else priority,
         concurrency_key=concurrency_key,
     )
     if idempotency_key is None:
@@ -57,10 +59,12 @@ def insert_run(
     return Workflow.objects.get(name=name, idempotency_key=idempotency_key)
 
 
-def insert_tick(name, key, tick, queue="default", priority=0):
-    """Insert the run of a cron workflow's `tick`, due then, unless a run
-    already has its idempotency `key`; one INSERT, which the unique key
-    lets through for one caller only, however many try at once."""
+def insert_tick(name, key, tick):
+    """Insert the run of a cron workflow's `tick`, due then, in the
+    workflow's queue at its priority, unless a run already has its
+    idempotency `key`; one INSERT, which the unique key lets through for
+    one caller only, however many try at once."""
+    queue, priority = registry.placement(name)
     Workflow.objects.bulk_create(
         [
             Workflow(

@@ -115,12 +115,7 @@ class Claimer:
         for schedule, tick in self._ticker.due(clock.now()):
             try:
                 with deadline.guard(connections[DEFAULT_DB_ALIAS], "scheduling a cron tick"):
-                    runs.insert_tick(
-                        schedule.workflow,
-                        cron.tick_key(tick),
-                        tick,
-                        *registry.placement(schedule.workflow),
-                    )
+                    runs.insert_tick(schedule.workflow, cron.tick_key(tick), tick)
             except Exception as exc:  # noqa: BLE001 - the claim that follows meets an outage too
                 if classify.is_transient(exc):
                     transient.drop_after(exc)
