@@ -1,4 +1,6 @@
-"""The public surface: `workflow`, `step`, `parallel`, `schedule`, `sleep`.
+"""The public surface: `workflow`, `step`, `parallel`, `schedule`, `sleep`,
+and the waits of §15: `send` and `receive`, `set_event` and `get_event`,
+`start` and `RunHandle`, `result` and `aresult`.
 
 Outside a running workflow every decorated function is a plain function;
 inside one, step calls are recorded and replayed by `everystep.engine.runner`.
@@ -6,14 +8,23 @@ This module imports no Django, so ``import everystep`` stays cheap.
 """
 
 import contextvars
+import dataclasses
 import functools
 import sys
 import threading
 import time
+import uuid
 
-from everystep.core import clock, events, queues, registry, retry_policy
+from everystep.core import clock, events, ids, queues, registry, retry_policy
 from everystep.engine import context
-from everystep.errors import Cancelled, ClaimLost, EngineSignal, EverystepError, Terminal
+from everystep.errors import (
+    Cancelled,
+    ClaimLost,
+    EngineSignal,
+    EverystepError,
+    Sleeping,
+    Terminal,
+)
 
 
 def workflow(func=None, *, cron=None, timezone="UTC", queue=queues.DEFAULT, priority=0, **options):
@@ -206,14 +217,41 @@ def schedule(
     the existing run. `queue` and `priority` override the workflow's;
     `concurrency_key` is what a queue's ``key_concurrency`` counts by, and
     a queue declared with one needs it.
+
+    The row's ``get_result(timeout=None)`` waits for the run's end and
+    returns its result (`result`); its ``result`` is the stored column.
     """
+    name = _workflow_name(workflow_func)
+    _check_idempotency_key(idempotency_key)
+    placement = _placement(name, queue, priority, concurrency_key)
+    due = clock.due_time(run_at, delay)
+    from everystep.core import serde
+    from everystep.db import runs
+    from everystep.observe import tracing
+
+    serde.to_json(list(args))  # refuse bad arguments before touching the database
+    run = runs.insert_run(
+        name, list(args), idempotency_key, tracing.current_context(), due, **placement
+    )
+    run.get_result = functools.partial(result, run.id)
+    return run
+
+
+def _workflow_name(workflow_func):
     name = getattr(workflow_func, "__everystep_workflow__", None)
     if name is None:
         raise TypeError(f"{workflow_func!r} is not an @everystep.workflow function")
-    if idempotency_key is not None and not (
-        isinstance(idempotency_key, str) and 0 < len(idempotency_key) <= 255
-    ):
+    return name
+
+
+def _check_idempotency_key(key):
+    if key is not None and not (isinstance(key, str) and 0 < len(key) <= 255):
         raise EverystepError("idempotency_key must be a non-empty string of at most 255 characters")
+
+
+def _placement(name, queue, priority, concurrency_key):
+    """Where a run of the workflow `name` waits: its queue and priority
+    (the workflow's unless given) and concurrency key, checked."""
     default_queue, default_priority = registry.placement(name)
     queue = queues.check_name(default_queue if queue is None else queue)
     priority = queues.check_priority(default_priority if priority is None else priority)
@@ -223,22 +261,7 @@ def schedule(
         raise EverystepError(
             f"queue {queue!r} limits runs per concurrency_key: schedule its runs with one"
         )
-    due = clock.due_time(run_at, delay)
-    from everystep.core import serde
-    from everystep.db import runs
-    from everystep.observe import tracing
-
-    serde.to_json(list(args))  # refuse bad arguments before touching the database
-    return runs.insert_run(
-        name,
-        list(args),
-        idempotency_key,
-        tracing.current_context(),
-        due,
-        queue=queue,
-        priority=priority,
-        concurrency_key=concurrency_key,
-    )
+    return {"queue": queue, "priority": priority, "concurrency_key": concurrency_key}
 
 
 async def aschedule(workflow_func, *args, **options):
@@ -270,6 +293,194 @@ def sleep(duration, everystep_id=None):
     steps.sleep(ctx, ctx.next_step_id(everystep_id), seconds)
 
 
+def send(run_id, topic, payload=None, idempotency_key=None, *, everystep_id=None):
+    """Send `payload` to the run `run_id` on `topic`: it waits in the run's
+    mailbox until a `receive()` of that topic consumes it, and a run parked
+    in such a receive is woken. Stored in the caller's transaction (gone if
+    it rolls back); with `idempotency_key`, sending again with the same key
+    stores nothing more. In a workflow body it is a step (`everystep_id`
+    names it), sent once however often the body replays.
+
+    `EverystepError` for a run that does not exist or has ended, a topic
+    that is not a name (as a step's ``everystep_id``), or a payload that
+    cannot be stored (the rules of a step's result).
+    """
+    run_id = ids.parse_run_id(run_id)
+    ids.check_name(topic, "a message's topic")
+    _check_idempotency_key(idempotency_key)
+    from everystep.core import serde
+
+    serde.check_size(f"the payload of a message to run {run_id}", serde.encode(payload))
+    ctx = _recording_context()
+    if ctx is not None:
+        from everystep.engine import steps, waits
+
+        steps.refuse_inside_transaction("send()")
+        step_id = ctx.next_step_id(everystep_id)
+        return waits.send(ctx, step_id, run_id, topic, payload, idempotency_key)
+    from everystep.db import mailbox
+
+    mailbox.send(run_id, topic, payload, idempotency_key)
+
+
+def receive(topic, timeout=None, everystep_id=None):
+    """In a workflow body, the payload of the oldest message on `topic` sent
+    to this run, consumed: a step (`everystep_id` names it), each message
+    received once across replays and crashes. With none there the run
+    waits for one — parked ``scheduled``, holding no worker — until
+    `timeout` (a `timedelta` or seconds; None: for ever) from the first
+    call, and then returns None.
+
+    `EverystepError` outside a workflow body, or for a topic that is not a
+    name.
+    """
+    ids.check_name(topic, "a message's topic")
+    seconds = None if timeout is None else clock.seconds(timeout, "receive()'s timeout")
+    ctx = _body_context("receive()")
+    from everystep.engine import waits
+
+    return waits.receive(ctx, ctx.next_step_id(everystep_id), topic, seconds)
+
+
+def set_event(key, value, everystep_id=None):
+    """In a workflow body, publish `value` as this run's latest for `key`,
+    for `get_event()` to read from anywhere (progress, a status a web page
+    shows): a step (`everystep_id` names it).
+
+    `EverystepError` outside a workflow body, for a key that is not a name,
+    or a value that cannot be stored.
+    """
+    ids.check_name(key, "an event's key")
+    from everystep.core import serde
+
+    serde.check_size(f"the value of event {key!r}", serde.encode(value))
+    ctx = _body_context("set_event()")
+    from everystep.engine import waits
+
+    waits.set_event(ctx, ctx.next_step_id(everystep_id), key, value)
+
+
+def get_event(run_id, key, timeout=0, *, everystep_id=None):
+    """The latest value the run `run_id` published for `key`, waiting up to
+    `timeout` (a `timedelta` or seconds) for a first one; None if none came.
+    In a workflow body it is a step, so a replay reads the same.
+    `EverystepError` for no such run."""
+    run_id = ids.parse_run_id(run_id)
+    ids.check_name(key, "an event's key")
+    seconds = clock.seconds(timeout, "get_event()'s timeout")
+    from everystep.engine import waits
+
+    ctx = _recording_context()
+    if ctx is not None:
+        return waits.get_event(ctx, ctx.next_step_id(everystep_id), run_id, key, seconds)
+    return waits.read_event(run_id, key, seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunHandle:
+    """A run started by `start()` (or any run, by its id)."""
+
+    run_id: uuid.UUID
+
+    def result(self, timeout=None, everystep_id=None):
+        """The run's result once it has ended: see `everystep.result`."""
+        return result(self.run_id, timeout, everystep_id=everystep_id)
+
+    def __str__(self):
+        return str(self.run_id)
+
+
+def start(
+    workflow_func,
+    *args,
+    everystep_id=None,
+    queue=None,
+    priority=None,
+    idempotency_key=None,
+    concurrency_key=None,
+):
+    """In a workflow body, schedule a child run of `workflow_func` with
+    `args` and return its `RunHandle`: a step (`everystep_id` names it), so
+    however often the body replays there is one child. The child records
+    this run as its parent, and is cancelled with it. `queue`, `priority`,
+    `idempotency_key` and `concurrency_key` are `schedule()`'s.
+
+    `EverystepError` outside a workflow body, and for what `schedule()`
+    refuses.
+    """
+    name = _workflow_name(workflow_func)
+    _check_idempotency_key(idempotency_key)
+    placement = _placement(name, queue, priority, concurrency_key)
+    from everystep.core import serde
+
+    serde.to_json(list(args))
+    ctx = _body_context("start()")
+    from everystep.engine import steps, waits
+    from everystep.observe import tracing
+
+    steps.refuse_inside_transaction("start()")
+    step_id = ctx.next_step_id(everystep_id)
+    trace_context = tracing.current_context()
+    child = waits.start(ctx, step_id, name, list(args), placement, idempotency_key, trace_context)
+    return RunHandle(child)
+
+
+def result(run_id, timeout=None, *, everystep_id=None):
+    """Wait until the run `run_id` has ended, and return its result or raise
+    what it ended with: its exception (decoded), `Terminal` if it was
+    stopped, `Cancelled` if cancelled. A ``blocked`` run has not ended: an
+    operator resolves it and it goes on. `TimeoutError` after `timeout` (a
+    `timedelta` or seconds; None: no limit).
+
+    In a workflow body this is a step (`everystep_id` names it) and a
+    durable wait: the run is parked, holding no worker, until that run ends,
+    and the outcome is recorded, so a replay returns or raises the same.
+    Elsewhere it blocks the calling thread, reading the run at most once a
+    second (on PostgreSQL, woken by the run's end at once). `EverystepError`
+    for no such run.
+    """
+    run_id = ids.parse_run_id(run_id)
+    seconds = None if timeout is None else clock.seconds(timeout, "result()'s timeout")
+    ctx = _recording_context()
+    if ctx is not None:
+        from everystep.engine import waits
+
+        return waits.await_run(ctx, ctx.next_step_id(everystep_id), run_id, seconds)
+    from everystep.db import ends
+
+    return ends.result(run_id, seconds)
+
+
+async def aresult(run_id, timeout=None):
+    """`result`, for async code: the wait runs on a thread of its own, not
+    on Django's thread for synchronous database work."""
+    from asgiref.sync import sync_to_async
+
+    def wait():
+        try:
+            return result(run_id, timeout)
+        finally:
+            _close_thread_connections()
+
+    return await sync_to_async(wait, thread_sensitive=False)()
+
+
+def _recording_context():
+    """The running workflow's context, if this is its body (not a step's
+    function), else None."""
+    ctx = context.current()
+    return ctx if ctx is not None and ctx.recording else None
+
+
+def _body_context(what):
+    """The running workflow body's context; `EverystepError` elsewhere."""
+    ctx = _recording_context()
+    if ctx is None:
+        where = "inside a step's function" if context.current() is not None else "outside one"
+        raise EverystepError(f"{what} is a step of a workflow body: it cannot be called {where}")
+    return ctx
+
+
 def _check_branch(branch):
     calls = branch if isinstance(branch, list) else [branch]
     if not calls or not all(callable(call) for call in calls):
@@ -283,7 +494,15 @@ def _raise_branch_errors(errors):
     if not errors:
         return
     # A cancel or a lost claim outranks a sleep or a drain in a sibling.
-    for urgent in ((Cancelled, ClaimLost), EngineSignal, Terminal):
+    for error in errors:
+        if isinstance(error, Cancelled | ClaimLost):
+            raise error
+    # Branches that wait all leave with the run: it is due again when the
+    # first of them is (their records keep the others' waits).
+    waits = [error for error in errors if isinstance(error, Sleeping)]
+    if waits and len(waits) == sum(isinstance(error, EngineSignal) for error in errors):
+        raise min(waits, key=lambda wait: wait.wake_at)
+    for urgent in (EngineSignal, Terminal):
         for error in errors:
             if isinstance(error, urgent):
                 raise error

@@ -104,6 +104,21 @@ class Sleeping(EngineSignal):
         return f"run {self.workflow_id} sleeps at step {self.step_id} until {self.wake_at}"
 
 
+class Waiting(Sleeping):
+    """The run waits (`everystep.receive`, `everystep.result`) for a message
+    on `topic` or the end of the run `awaited`, until `wake_at` at the
+    latest: it leaves its worker, and what it waits for makes it due."""
+
+    def __init__(self, workflow_id, step_id, wake_at, *, topic=None, awaited=None):
+        super().__init__(workflow_id, step_id, wake_at)
+        self.topic = topic
+        self.awaited = awaited
+
+    def __str__(self):
+        what = f"a message on {self.topic!r}" if self.topic else f"the end of run {self.awaited}"
+        return f"run {self.workflow_id} waits at step {self.step_id} for {what}"
+
+
 class Cancelled(EngineSignal):
     """The run was cancelled (`everystep.cancel`), for `reason`: stored as a
     cancelled run's error, and raised at the step boundary where a running

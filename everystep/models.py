@@ -37,6 +37,9 @@ class Workflow(models.Model):
         CANCELLED = "cancelled"
 
     TERMINAL = (Status.COMPLETED, Status.FAILED, Status.STOPPED, Status.BLOCKED, Status.CANCELLED)
+    #: The statuses a run's result is waited for: a ``blocked`` run is not
+    #: ended, an operator resolves it and it goes on.
+    ENDED = (Status.COMPLETED, Status.FAILED, Status.STOPPED, Status.CANCELLED)
 
     id = models.UUIDField(primary_key=True, default=uuid6.uuid7, editable=False)
     name = models.CharField(max_length=300)
@@ -69,6 +72,14 @@ class Workflow(models.Model):
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)
     #: When the run was first claimed: the start a queue's rate counts.
     started_at = models.DateTimeField(null=True, blank=True)
+    #: The run whose body started this one (`everystep.start`).
+    parent_id = models.UUIDField(null=True, blank=True)
+    #: While ``scheduled`` after a `receive()` found no message: the topic
+    #: it waits on, until ``run_at``. A message on it makes the run due.
+    wait_topic = models.CharField(max_length=255, null=True, blank=True)
+    #: While ``scheduled`` in a wait for a run's result: that run, until
+    #: ``run_at``. Its end makes this run due.
+    wait_run = models.UUIDField(null=True, blank=True)
 
     class Meta:
         db_table = "everystep_workflow"
@@ -80,6 +91,8 @@ class Workflow(models.Model):
         # The claim's index (scheduled runs by due time) and the
         # catchup's (running runs by worker name) leave the finished runs
         # out, which each backend does its own way: migrations 0002 and 0003.
+        # The runs by parent and the runs waiting for a run are indexed
+        # where set only, where the backend can (0013).
         # The operator UI lists runs newest first by id (a UUIDv7, so in
         # creation order) and seeks each filter's runs through one of these;
         # the status filter's own indexes hold the finished runs only, each
@@ -124,6 +137,9 @@ class Step(models.Model):
         STARTED = "started"
         #: It failed and will be called again at the time in `result`.
         RETRYING = "retrying"
+        #: A `receive()` or a wait for a run's result, parked until the
+        #: time in `result` at the latest.
+        WAITING = "waiting"
 
     # The unique (workflow, step_id) index serves lookups by workflow, so the
     # foreign key needs no index of its own (one less index per step write).
@@ -151,6 +167,59 @@ class Step(models.Model):
 
     def __str__(self):
         return f"{self.step_id} {self.name} ({self.status})"
+
+
+class Message(models.Model):
+    """A message sent to a run (`everystep.send`): it waits in the run's
+    mailbox until a `receive()` of its topic consumes it, once."""
+
+    workflow = models.ForeignKey(
+        Workflow, on_delete=models.CASCADE, related_name="messages", db_index=False
+    )
+    topic = models.CharField(max_length=255)
+    payload = EncodedJSONField(null=True, blank=True)
+    #: Sending twice with one key stores one message.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    sent_at = models.DateTimeField(default=timezone.now)
+    #: The step of the run that consumed it, and when.
+    consumed_by = models.CharField(max_length=300, null=True, blank=True)
+    consumed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "everystep_message"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workflow", "idempotency_key"], name="everystep_message_idempotency"
+            ),
+        ]
+        # A receive reads the oldest unconsumed message of a topic.
+        indexes = [
+            models.Index(fields=["workflow", "topic", "id"], name="everystep_message_mailbox")
+        ]
+
+    def __str__(self):
+        return f"{self.topic} to {self.workflow_id}"
+
+
+class Event(models.Model):
+    """A value a run published under a key (`everystep.set_event`): one row
+    per setting, the latest one read."""
+
+    workflow = models.ForeignKey(
+        Workflow, on_delete=models.CASCADE, related_name="events", db_index=False
+    )
+    key = models.CharField(max_length=255)
+    value = EncodedJSONField(null=True, blank=True)
+    #: The step of the run that set it.
+    step_id = models.CharField(max_length=300)
+    set_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "everystep_event"
+        indexes = [models.Index(fields=["workflow", "key", "id"], name="everystep_event_key")]
+
+    def __str__(self):
+        return f"{self.key} of {self.workflow_id}"
 
 
 class Worker(models.Model):

@@ -7,8 +7,9 @@ calls these, so each refuses the same things in the same words
 ids with `everystep.core.ids.parse_run_id`, and its statements are
 `everystep.db`'s.
 
-- `cancel`: a ``scheduled`` run (also one sleeping or waiting to retry a
-  step) or a ``blocked`` one becomes ``cancelled`` at once. A ``running``
+- `cancel`: a ``scheduled`` run (also one sleeping, waiting for a message
+  or a run, or waiting to retry a step) or a ``blocked`` one becomes
+  ``cancelled`` at once, and so do the unfinished runs it started. A ``running``
   one is asked to stop: its runner records the step in flight, starts no
   further step and ends the run ``cancelled``. If that runner's worker has
   died, the next claim of the run (its take-back, or any worker after a
@@ -45,17 +46,20 @@ _UNSET = object()
 
 
 def cancel(run_id, reason=None):
-    """Cancel the run `run_id`, for `reason` (stored as its error). Returns
-    its status: ``cancelled``, or ``running`` when its runner was asked to
-    stop at the next step boundary. `EverystepError` for a run that has
-    finished, or no such run."""
+    """Cancel the run `run_id`, for `reason` (stored as its error), and the
+    unfinished runs it started, and theirs. Returns its status:
+    ``cancelled``, or ``running`` when its runner was asked to stop at the
+    next step boundary. `EverystepError` for a run that has finished, or no
+    such run."""
     with _locked(run_id) as run:
         error = serde.encode_exception(Cancelled(reason or "cancelled by an operator"))
         if run.status in (Status.SCHEDULED, Status.BLOCKED):
             runs.transition([run.id], run.status, Status.CANCELLED, error=error)
+            runs.cancel_descendants(run.id)
             return Status.CANCELLED
         if run.status == Status.RUNNING:
             runs.ask_to_cancel(run.id, error)
+            runs.cancel_descendants(run.id)
             return Status.RUNNING
     raise EverystepError(
         f"run {run.id} is {run.status}: only a scheduled, running or blocked run can be cancelled"

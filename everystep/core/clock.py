@@ -20,6 +20,9 @@ from everystep.errors import EverystepError
 #: datetime, read by `now()` instead of the system clock.
 override = None
 
+#: The deadline of a wait without a timeout: later than any run is due.
+FOREVER = datetime.datetime(9999, 1, 1, tzinfo=datetime.UTC)
+
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 

@@ -102,6 +102,9 @@ EVENTS = {
     },
     "run_requeued": Event(INFO, "run {run_id} requeued {reason}"),
     "run_sleeping": Event(INFO, "run {run_id} {workflow} sleeps at step {step_id} until {wake_at}"),
+    "run_waiting": Event(
+        INFO, "run {run_id} {workflow} waits at step {step_id} for {waits_for} until {wake_at}"
+    ),
     "run_released": Event(
         WARNING,
         "run {run_id}: workflow {workflow} is not registered in worker {worker}; "

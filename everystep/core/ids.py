@@ -1,5 +1,7 @@
-"""Run ids as operators type them: the one parser every front end uses."""
+"""Run ids as operators type them, and the names users give to steps,
+topics and event keys: the one check of each that every front end uses."""
 
+import re
 import uuid
 
 from everystep.errors import EverystepError
@@ -14,3 +16,18 @@ def parse_run_id(text):
         return uuid.UUID(str(text).strip())
     except ValueError:
         raise EverystepError(f"{text!r} is not a run id") from None
+
+
+#: A step's ``everystep_id``, a message's topic, an event's key.
+NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def check_name(name, what, max_length=255):
+    """`name` if it is a name as a step's ``everystep_id`` is: letters,
+    digits, ``_`` and ``-``, at most `max_length` of them; `EverystepError`
+    naming `what` otherwise."""
+    if not isinstance(name, str) or not NAME.fullmatch(name) or len(name) > max_length:
+        raise EverystepError(
+            f"{what} must be 1 to {max_length} letters, digits, '_' or '-', not {name!r}"
+        )
+    return name

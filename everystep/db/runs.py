@@ -9,15 +9,17 @@ writes nothing; the caller sees ``False`` and stops. `TRANSITIONS` is the
 one place that says how a run may move.
 """
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
-from everystep.core import clock, registry
-from everystep.errors import EverystepError
+from everystep.core import clock, registry, serde
+from everystep.db import mailbox, sql
+from everystep.errors import Cancelled, EverystepError
 from everystep.models import Workflow
 
 RUNNING = Workflow.Status.RUNNING
 SCHEDULED = Workflow.Status.SCHEDULED
+COMPLETED = Workflow.Status.COMPLETED
 
 
 def insert_run(
@@ -30,10 +32,11 @@ def insert_run(
     queue=None,
     priority=None,
     concurrency_key=None,
+    parent_id=None,
 ):
     """Insert a scheduled run, due at `run_at` (default: now), in `queue`
-    at `priority` (default: the workflow's, `registry.placement`), in the
-    current transaction; one INSERT.
+    at `priority` (default: the workflow's, `registry.placement`), started
+    by the run `parent_id` if given, in the current transaction; one INSERT.
 
     With an idempotency key the INSERT ignores a conflict on (name, key) and
     the run holding the key is read back, so concurrent callers all get the
@@ -51,6 +54,7 @@ def insert_run(
         queue=default_queue if queue is None else queue,
         priority=default_priority if priority is None else priority,
         concurrency_key=concurrency_key,
+        parent_id=parent_id,
     )
     if idempotency_key is None:
         run.save(force_insert=True)
@@ -108,12 +112,16 @@ def transition(run_ids, from_status, to_status, *, fenced_on=None, **fields):
     only while the run is still held under that claim. Returns how many moved.
 
     Leaving ``running`` releases the claim (``claimed_by``, ``claimed_at``)
-    but keeps the token, so a retried write can tell that it had landed.
+    but keeps the token, so a retried write can tell that it had landed;
+    going to ``scheduled`` clears what the run waited for, unless `fields`
+    set it. Runs that end make the runs waiting for them due (`_wake_waiters`).
     """
     if (from_status, to_status) not in TRANSITIONS:
         raise ValueError(f"a run does not go from {from_status} to {to_status}")
     if from_status == RUNNING and to_status == SCHEDULED:
         fields = {"claimed_by": None, "claimed_at": None, **fields}
+    if to_status == SCHEDULED:
+        fields = {"wait_topic": None, "wait_run": None, **fields}
     if to_status in Workflow.TERMINAL:
         fields.setdefault("completed_at", timezone.now())
     run_ids = list(run_ids)
@@ -123,14 +131,100 @@ def transition(run_ids, from_status, to_status, *, fenced_on=None, **fields):
     )
     if fenced_on is not None:
         runs = runs.filter(claim_token=fenced_on)
-    return runs.update(status=to_status, **fields)
+    if to_status not in Workflow.ENDED or connection.vendor != "mysql":
+        return runs.update(status=to_status, **fields)
+    with transaction.atomic(savepoint=False):
+        moved = runs.update(status=to_status, **fields)
+        _wake_waiters(run_ids)
+    return moved
 
 
 def move_claimed(fence, to_status, **fields):
     """Move the claimed run out of ``running``, fenced on `fence`.
     Returns whether it landed."""
+    if to_status in Workflow.ENDED and connection.vendor == "mysql":
+        return _end_and_wake_on_mariadb(fence, to_status, fields)
     moved = transition([fence.run_id], RUNNING, to_status, fenced_on=fence.claim_token, **fields)
     return moved == 1
+
+
+def _wake_waiters(run_ids):
+    """Make the runs parked waiting for one of `run_ids` due now. On
+    PostgreSQL and SQLite a trigger does it as the runs end (migration 0013);
+    MariaDB's triggers cannot write the table they fire on."""
+    now = clock.now()
+    Workflow.objects.filter(wait_run__in=run_ids, status=SCHEDULED, run_at__gt=now).update(
+        run_at=now
+    )
+
+
+def _end_and_wake_on_mariadb(fence, to_status, fields):
+    """The runner's final write on MariaDB: the run ends and the runs
+    waiting for it become due, in one statement (a join of the table with
+    itself), as the trigger does elsewhere in the same round trip."""
+    fields = {"status": to_status, "completed_at": timezone.now(), **fields}
+    assignments, params = [], []
+    for name, value in fields.items():
+        field = Workflow._meta.get_field(name)
+        assignments.append(f"r.{field.column} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    now = sql.datetime_param(connection, clock.now())
+    statement = (
+        "UPDATE everystep_workflow r LEFT JOIN everystep_workflow w "
+        "ON w.wait_run = r.id AND w.status = 'scheduled' "
+        f"SET {', '.join(assignments)}, w.run_at = LEAST(w.run_at, %s) "
+        "WHERE r.id = %s AND r.status = 'running' AND r.claim_token = %s"
+    )
+    db = sql.thread_connection()
+    params += [now, sql.uuid_param(db, fence.run_id), sql.uuid_param(db, fence.claim_token)]
+    # A row for the run, and one for each run woken.
+    return sql.execute(db, statement, params) >= 1
+
+
+def park(fence, until, *, topic=None, awaited=None):
+    """Take the claimed run out of ``running`` to wait, until `until` at the
+    latest, for a message on `topic` or the end of the run `awaited`:
+    ``scheduled``, due then, fenced on `fence`. Returns whether it landed.
+
+    A wake-up cannot slip between the look and the park. For a run, its row
+    is share-locked first and read: a run that has ended makes the park due
+    at once, and one that ends later finds this run parked (the locks are
+    taken in the order its end takes them: that run, then this one). For a
+    topic, this run's row is written first — a sender locks it too — and
+    only then is the mailbox read: a message already there makes it due.
+    """
+    now = clock.now()
+    with transaction.atomic():
+        if awaited is not None and ended_status(awaited, lock=True) is not None:
+            until = now
+        moved = transition(
+            [fence.run_id],
+            RUNNING,
+            SCHEDULED,
+            fenced_on=fence.claim_token,
+            run_at=until,
+            wait_topic=topic,
+            wait_run=awaited,
+        )
+        if moved and topic is not None and until > now:
+            if mailbox.has_unconsumed(fence.run_id, topic):
+                Workflow.objects.filter(id=fence.run_id).update(run_at=now)
+    return moved == 1
+
+
+_SHARE_LOCK = {"postgresql": " FOR SHARE", "mysql": " LOCK IN SHARE MODE"}
+
+
+def ended_status(run_id, *, lock=False):
+    """The run's status if it has ended (`Workflow.ENDED`), else None; with
+    `lock`, its row share-locked until the transaction ends."""
+    db = sql.thread_connection()
+    statement = "SELECT status FROM everystep_workflow WHERE id = %s"
+    if lock:
+        statement += _SHARE_LOCK.get(db.vendor, "")
+    rows = sql.fetch(db, statement, [sql.uuid_param(db, run_id)])
+    status = rows[0][0] if rows else None
+    return status if status in Workflow.ENDED else None
 
 
 def has_moved(fence, to_status):
@@ -201,9 +295,48 @@ def locked(run_id):
     return run
 
 
+def cancel_descendants(run_id):
+    """Cancel the unfinished runs the run `run_id` started (`everystep.start`),
+    and theirs, each keeping a `Cancelled` that names its parent: a waiting
+    or blocked one at once, a running one asked to stop. Returns their ids."""
+    cancelled, parents = [], [run_id]
+    with transaction.atomic():
+        while parents:
+            children = list(
+                Workflow.objects.select_for_update()
+                .filter(parent_id__in=parents)
+                .exclude(status__in=Workflow.ENDED)
+                .values_list("id", "parent_id", "status")
+            )
+            for child, parent, status in children:
+                error = serde.encode_exception(Cancelled(f"its parent run {parent} was cancelled"))
+                if status == RUNNING:
+                    ask_to_cancel(child, error)
+                else:
+                    transition([child], status, Workflow.Status.CANCELLED, error=error)
+            parents = [child for child, _, _ in children]
+            cancelled += parents
+    return cancelled
+
+
 def ask_to_cancel(run_id, error):
     """Ask the running run `run_id` to stop at its next step boundary,
     keeping `error` (an encoded `Cancelled`) as its error."""
     Workflow.objects.filter(id=run_id, status=RUNNING).update(
         cancel_requested_at=clock.now(), error=error
     )
+
+
+def outcome(run_id):
+    """``(status, result, error)`` of the run if it has ended, where
+    `error` is what a wait for it raises (a `Cancelled` for a cancelled run
+    that kept none); None while it has not. `EverystepError` for no such run."""
+    row = Workflow.objects.filter(id=run_id).values_list("status", "result", "error").first()
+    if row is None:
+        raise EverystepError(f"no run {run_id}")
+    status, result, error = row
+    if status not in Workflow.ENDED:
+        return None
+    if status == Workflow.Status.CANCELLED and error is None:
+        error = serde.encode_exception(Cancelled(f"run {run_id} was cancelled"))
+    return status, result, error

@@ -13,14 +13,13 @@ do plain lookups: atomic under CPython's GIL, so no lock is needed.
 """
 
 import dataclasses
-import re
 import threading
 
 from everystep.core.fence import Fence
+from everystep.core.ids import NAME as _NAME
 from everystep.errors import EverystepError
 
 MAX_STEP_ID_LENGTH = 300
-_NAME = re.compile(r"[A-Za-z0-9_-]+")
 _local = threading.local()
 
 

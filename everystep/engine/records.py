@@ -47,6 +47,18 @@ def move(fence, status, verb, should_stop=None, **fields):
     return transient.retrying(write, what=f"{verb} run {fence.run_id}", should_stop=should_stop)
 
 
+def park(fence, waiting):
+    """Park the run held under `fence` for what `waiting` (a `Waiting`)
+    waits for (`everystep.db.runs.park`), retried as `move` is. Returns
+    whether it landed."""
+
+    def write(attempt):
+        parked = runs.park(fence, waiting.wake_at, topic=waiting.topic, awaited=waiting.awaited)
+        return parked or (attempt > 1 and runs.has_moved(fence, runs.SCHEDULED))
+
+    return transient.retrying(write, what=f"parking run {fence.run_id}")
+
+
 def lost(fence):
     """Announce why this attempt's writes were refused: the run's row is
     gone, or another runner owns it now. Returns None."""

@@ -7,7 +7,8 @@ store without calling the function, and only steps never recorded execute
 
 How an attempt ends decides the run's state: a return → ``completed``;
 `Terminal` → ``stopped``; `EffectUncertain` → ``blocked``; `DrainOrphan` →
-back to ``scheduled``; `Sleeping` → ``scheduled``, due at its wake time;
+back to ``scheduled``; `Sleeping` → ``scheduled``, due at its wake time; `Waiting` → ``scheduled``,
+parked until what it waits for comes or its deadline;
 any other exception → ``failed``; `SimulatedCrash` → untouched, exactly as
 a dead process would leave it.
 """
@@ -15,10 +16,10 @@ a dead process would leave it.
 import threading
 import time
 
-from everystep.core import events, registry, serde
-from everystep.db import steps
+from everystep.core import clock, events, registry, serde
+from everystep.db import runs, steps
 from everystep.engine import context
-from everystep.engine.records import end_open_transaction, guarded, lost, move
+from everystep.engine.records import end_open_transaction, guarded, lost, move, park
 from everystep.errors import (
     Cancelled,
     ClaimLost,
@@ -29,6 +30,7 @@ from everystep.errors import (
     SimulatedCrash,
     Sleeping,
     Terminal,
+    Waiting,
 )
 from everystep.models import Workflow
 
@@ -94,15 +96,31 @@ def _attempt(claimed, run):
                     "before the body returns"
                 )
         serde.check_size(f"the result of run {fence.run_id}", serde.encode(result))
-    except Cancelled:
-        return _finish(fence, Status.CANCELLED, started)
+    except Cancelled as exc:
+        # Asked by an operator, it keeps the error the cancel stored; raised
+        # by the body (a cancelled child's result), it keeps that one.
+        asked = run.cancel_asked or claimed.cancel_requested
+        return _end_cancelled(fence, started, None if asked else serde.encode_exception(exc))
     except Terminal as exc:
         return _finish(fence, Status.STOPPED, started, error=serde.encode_exception(exc))
     except EffectUncertain as exc:
         return _finish(fence, Status.BLOCKED, started, error=serde.encode_exception(exc))
+    except Waiting as exc:
+        if run.cancel_asked:
+            return _end_cancelled(fence, started)
+        if not park(fence, exc):
+            return lost(fence)
+        events.announce(
+            "run_waiting",
+            fence,
+            step_id=exc.step_id,
+            wake_at="no deadline" if exc.wake_at == clock.FOREVER else exc.wake_at,
+            waits_for=f"a message on {exc.topic}" if exc.topic else f"run {exc.awaited}",
+        )
+        return Status.SCHEDULED
     except Sleeping as exc:
         if run.cancel_asked:  # learnt as it recorded the sleep: it sleeps no more
-            return _finish(fence, Status.CANCELLED, started)
+            return _end_cancelled(fence, started)
         if not move(fence, Status.SCHEDULED, "putting to sleep", run_at=exc.wake_at):
             return lost(fence)
         events.announce("run_sleeping", fence, step_id=exc.step_id, wake_at=exc.wake_at)
@@ -164,6 +182,16 @@ def _finish(fence, status, started, *, exception=None, **fields):
         millis=(time.monotonic() - started) * 1000,
         reason=f": {error['type']}: {error['message']}" if error else "",
     )
+    return status
+
+
+def _end_cancelled(fence, started, error=None):
+    """End the run ``cancelled`` (with `error`, if given), and the runs it
+    started that have not ended: a child started by the step in flight when
+    the cancel came."""
+    status = _finish(fence, Status.CANCELLED, started, **({"error": error} if error else {}))
+    if status == Status.CANCELLED:
+        guarded(lambda attempt: runs.cancel_descendants(fence.run_id), "cancelling children")
     return status
 
 

@@ -298,11 +298,16 @@ def refuse_inside_transaction(what):
             )
 
 
-def _record(run, step, status, result, error, *, replacing=None, attempts=1):
-    """Write a step's outcome (or its ``started`` or ``retrying`` row):
-    a new row, or in place of its row in status `replacing`; fenced and
-    retried. A retry after a lost reply finds out whether the first write
-    had landed.
+def _record(run, step, status, result, error, *, replacing=None, attempts=1, alongside=None):
+    """Write a step's outcome (or its ``started``, ``retrying`` or
+    ``waiting`` row): a new row, or in place of its row in status
+    `replacing`; fenced and retried. A retry after a lost reply finds out
+    whether the first write had landed. Returns True.
+
+    With `alongside`, a write that belongs with the step's (a message
+    consumed, an event published): called first, in the same transaction,
+    it returns whether to go on. When it does not, nothing is written and
+    `_record` returns False.
 
     A write refused because a cancel was asked of the run: an outcome is
     written all the same (the step in flight is recorded) and the run is
@@ -312,6 +317,18 @@ def _record(run, step, status, result, error, *, replacing=None, attempts=1):
     step_id = step["step_id"]
 
     def write(attempt, despite_cancel=False):
+        if alongside is None:
+            landed = write_step(despite_cancel)
+        else:
+            with transaction.atomic():
+                landed = write_step(despite_cancel) if alongside() else _SKIPPED
+                if landed is not True:
+                    transaction.set_rollback(True)
+        if landed is not True and attempt > 1 and steps.step_recorded(run.fence, step_id, status):
+            return True
+        return landed
+
+    def write_step(despite_cancel):
         if replacing is not None:
             landed = steps.update_step(
                 run.fence, step_id, replacing, status, result, error, attempts, despite_cancel
@@ -326,19 +343,28 @@ def _record(run, step, status, result, error, *, replacing=None, attempts=1):
                 despite_cancel=despite_cancel,
                 **step,
             )
-        if not landed and attempt > 1:
-            return steps.step_recorded(run.fence, step_id, status)
-        return bool(landed)
+        return landed
 
     what = f"recording step {step_id} of run {run.fence.run_id}"
-    if records.guarded(write, what):
-        return
+    landed = records.guarded(write, what)
+    if landed is _SKIPPED:
+        return False
+    if landed:
+        return True
     if not records.guarded(
         lambda attempt: runs.cancel_asked(run.fence), f"reading run {run.fence.run_id}"
     ):
         raise ClaimLost(run.fence.run_id, step_id)
     if status == Step.Status.STARTED:
         raise Cancelled()
-    if not records.guarded(lambda attempt: write(attempt, despite_cancel=True), what):
+    landed = records.guarded(lambda attempt: write(attempt, despite_cancel=True), what)
+    if landed is _SKIPPED:
+        return False
+    if not landed:
         raise ClaimLost(run.fence.run_id, step_id)
     run.cancel_asked = True
+    return True
+
+
+#: `_record`'s answer when its `alongside` write said not to go on.
+_SKIPPED = "skipped"
