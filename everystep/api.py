@@ -305,12 +305,9 @@ def send(run_id, topic, payload=None, idempotency_key=None, *, everystep_id=None
     that is not a name (as a step's ``everystep_id``), or a payload that
     cannot be stored (the rules of a step's result).
     """
-    run_id = ids.parse_run_id(run_id)
-    ids.check_name(topic, "a message's topic")
-    _check_idempotency_key(idempotency_key)
-    from everystep.core import serde
+    from everystep.db import mailbox
 
-    serde.check_size(f"the payload of a message to run {run_id}", serde.encode(payload))
+    run_id = mailbox.check(run_id, topic, payload, idempotency_key)
     ctx = _recording_context()
     if ctx is not None:
         from everystep.engine import steps, waits
@@ -318,8 +315,6 @@ def send(run_id, topic, payload=None, idempotency_key=None, *, everystep_id=None
         steps.refuse_inside_transaction("send()")
         step_id = ctx.next_step_id(everystep_id)
         return waits.send(ctx, step_id, run_id, topic, payload, idempotency_key)
-    from everystep.db import mailbox
-
     mailbox.send(run_id, topic, payload, idempotency_key)
 
 
@@ -479,6 +474,20 @@ def _body_context(what):
         where = "inside a step's function" if context.current() is not None else "outside one"
         raise EverystepError(f"{what} is a step of a workflow body: it cannot be called {where}")
     return ctx
+
+
+# The waits are steps of a body, recorded under these names: the step graph
+# (`everystep.ui.graph`) draws them, and `testing.crash_after` takes them.
+for _function, _recorded_as in (
+    (sleep, "everystep.sleep"),
+    (send, "everystep.send"),
+    (receive, "everystep.receive"),
+    (set_event, "everystep.set_event"),
+    (get_event, "everystep.get_event"),
+    (start, "everystep.start"),
+    (result, "everystep.result"),
+):
+    _function.__everystep_step__ = _recorded_as
 
 
 def _check_branch(branch):

@@ -14,6 +14,7 @@ urlpatterns = [
     path("run/<str:run_id>/resolve", security.headers(views.resolve), name="resolve"),
     path("run/<str:run_id>/cancel", security.headers(views.cancel), name="cancel"),
     path("run/<str:run_id>/retry", security.headers(views.retry), name="retry"),
+    path("run/<str:run_id>/send", security.headers(views.send), name="send"),
     path("blocked", security.headers(views.blocked), name="blocked"),
     path("workers", security.headers(views.workers), name="workers"),
     path("queues", security.headers(views.queues), name="queues"),

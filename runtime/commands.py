@@ -62,7 +62,7 @@ def schedule(env, args):
 
 
 def show(env, args):
-    from everystep.db import reads
+    from everystep.db import mailbox, reads
     from everystep.errors import EverystepError
 
     try:
@@ -70,22 +70,29 @@ def show(env, args):
     except EverystepError as exc:
         raise Failure(str(exc)) from None
     steps = [reads.step_fields(step) for step in steps]
+    fields = reads.run_fields(run)
+    children = reads.children(run.id)
+    messages = mailbox.messages(run.id)
+    published = mailbox.event_values(run.id)
     if args.json:
         _print_json(
             {
-                **reads.run_fields(run),
+                **fields,
                 "args": run.args,
                 "result": run.result,
                 "error": run.error,
                 "steps": steps,
+                "children": children,
+                "messages": messages,
+                "events": published,
             }
         )
         return
     print(f"run {run.id}  {run.name}  {run.status}")
     print(f"  args:         {_plain_json(run.args)}")
-    for label in ("claimed_by", "created_at", "completed_at"):
-        if getattr(run, label):
-            print(f"  {label + ':':<14}{getattr(run, label)}")
+    for label in ("claimed_by", "created_at", "completed_at", "parent_id", "waits_for"):
+        if fields[label]:
+            print(f"  {label + ':':<14}{fields[label]}")
     if run.status == "completed":
         print(f"  result:       {_plain_json(run.result)}")
     if run.error:
@@ -97,6 +104,14 @@ def show(env, args):
             else (step["error"] or {}).get("message", "")
         )
         print(f"  step {step['step_id']:<12} {step['status']:<8} {step['name']}  {outcome}")
+    for child in children:
+        print(f"  child {child['id']}  {child['name']}  {child['status']}")
+    for message in messages:
+        consumed = message["consumed_by"]
+        state = f"consumed by step {consumed}" if consumed else "not consumed"
+        print(f"  message {message['topic']:<12} {state}  {_plain_json(message['payload'])}")
+    for key, value in published.items():
+        print(f"  event {key:<14} {_plain_json(value)}")
     if run.error and run.error.get("traceback"):
         print("  traceback:")
         print(textwrap.indent(run.error["traceback"].rstrip(), "    "))

@@ -1,5 +1,5 @@
 """What an operator does to runs: cancel, retry, resolve a blocked step,
-requeue a lost worker's runs.
+requeue a lost worker's runs, send a run a message.
 
 Every front end — the command line, ``manage.py`` and the operator UI —
 calls these, so each refuses the same things in the same words
@@ -36,7 +36,7 @@ from django.db import transaction
 
 from everystep.core import clock, command_names, serde
 from everystep.core.ids import parse_run_id
-from everystep.db import runs, steps
+from everystep.db import mailbox, runs, steps
 from everystep.db.namelock import name_lock
 from everystep.errors import Cancelled, EverystepError, StepFailure
 from everystep.models import Step, Workflow
@@ -107,6 +107,14 @@ def resolve_step(run_id, step_id, *, result=_UNSET, error=None, discard=False):
         else:
             steps.settle(step, Step.Status.DONE, result=result)
         runs.reschedule(run.id, Status.BLOCKED, claim_token=None)
+
+
+def send(run_id, topic, payload=None, idempotency_key=None):
+    """Send a message to the run `run_id`, as `everystep.send` does from
+    application code. `EverystepError` saying why for a bad topic or
+    payload, or a run that does not exist or has ended."""
+    run_id = mailbox.check(run_id, topic, payload, idempotency_key)
+    mailbox.send(run_id, topic, payload, idempotency_key)
 
 
 @contextlib.contextmanager

@@ -56,6 +56,17 @@ def _retry(parser):
     parser.add_argument("run_id", metavar="RUN_ID", help="the failed run to schedule again")
 
 
+def _send(parser):
+    parser.add_argument("run_id", metavar="RUN_ID", help="the run to send the message to")
+    parser.add_argument("topic", metavar="TOPIC", help="the topic its receive() waits on")
+    parser.add_argument(
+        "payload", metavar="JSON", nargs="?", default="null", help="the payload, as JSON"
+    )
+    parser.add_argument(
+        "--idempotency-key", metavar="KEY", help="a second message with this key is not stored"
+    )
+
+
 MAX_LIMIT = 10_000  # rows `runs` lists at most
 
 
@@ -84,6 +95,11 @@ def _runs(parser):
     parser.add_argument("--queue", metavar="NAME", help="runs of this queue")
     parser.add_argument(
         "--since", metavar="TIME", help="created since TIME (ISO 8601) or a duration ago (2h, 1d)"
+    )
+    parser.add_argument(
+        "--waiting",
+        action="store_true",
+        help="only runs parked waiting for a message or for another run to end",
     )
     parser.add_argument(
         "--limit", type=_limit, default=20, help=f"how many, 1 to {MAX_LIMIT} (default 20)"
@@ -126,6 +142,14 @@ COMMANDS = {
             "Retry a failed run: it is scheduled again; its done steps are served from the "
             "record and its failed steps run again.",
             _retry,
+        ),
+        Command(
+            "send",
+            "send a run a message: its receive() of the topic takes it",
+            "Send a message to a run: it waits in the run's mailbox until a receive() of its "
+            "topic takes it, and a run parked in such a receive is woken. Refused for a run "
+            "that has ended.",
+            _send,
         ),
         Command(
             "runs",

@@ -102,6 +102,7 @@ EVENTS = {
     },
     "run_requeued": Event(INFO, "run {run_id} requeued {reason}"),
     "run_sleeping": Event(INFO, "run {run_id} {workflow} sleeps at step {step_id} until {wake_at}"),
+    "message_sent": Event(DEBUG, "message on {topic} sent to run {run_id}"),
     "run_waiting": Event(
         INFO, "run {run_id} {workflow} waits at step {step_id} for {waits_for} until {wake_at}"
     ),

@@ -11,9 +11,24 @@ seen by it, and one sent after finds the run parked and wakes it.
 from django.db import transaction
 from django.db.models import Case, DateTimeField, F, Value, When
 
-from everystep.core import clock
+from everystep.core import clock, events, ids, serde
 from everystep.errors import EverystepError
 from everystep.models import Event, Message, Workflow
+
+
+def check(run_id, topic, payload, idempotency_key=None):
+    """The run id of a message to send, parsed, once its `topic` is checked
+    to be a name (as a step's ``everystep_id``), its key a non-empty string
+    of at most 255 characters, and its payload storable (as a step's
+    result); `EverystepError` with one line saying what is wrong otherwise."""
+    run_id = ids.parse_run_id(run_id)
+    ids.check_name(topic, "a message's topic")
+    if idempotency_key is not None and not (
+        isinstance(idempotency_key, str) and 0 < len(idempotency_key) <= 255
+    ):
+        raise EverystepError("idempotency_key must be a non-empty string of at most 255 characters")
+    serde.check_size(f"the payload of a message to run {run_id}", serde.encode(payload))
+    return run_id
 
 
 def send(run_id, topic, payload, idempotency_key=None):
@@ -50,6 +65,7 @@ def send(run_id, topic, payload, idempotency_key=None):
             Message.objects.bulk_create([message], ignore_conflicts=idempotency_key is not None)
     if not found:  # raised outside the block: the caller's transaction stays usable
         raise refused(run_id, "takes no messages")
+    events.announce("message_sent", run_id=run_id, topic=topic)
 
 
 def refused(run_id, what):
@@ -111,7 +127,7 @@ def latest(run_id, key):
     return (True, values[0]) if values else (False, None)
 
 
-def events(run_id):
+def event_values(run_id):
     """The latest value of each of the run's event keys: ``{key: value}``."""
     latest_values = {}
     for key, value in (

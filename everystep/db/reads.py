@@ -53,6 +53,8 @@ class RunFilter:
     created_after: datetime.datetime | None = None
     created_before: datetime.datetime | None = None
     search: str | None = None
+    #: Only the runs parked waiting for a message or another run's end.
+    waiting: bool = False
 
     def __post_init__(self):
         if self.status is not None and self.status not in STATUSES:
@@ -79,6 +81,11 @@ class RunFilter:
             runs = runs.filter(id__lt=_first_id_at(self.created_before))
         if self.search:
             runs = runs.filter(_search(self.search.strip()))
+        if self.waiting:
+            runs = runs.filter(
+                Q(wait_topic__isnull=False) | Q(wait_run__isnull=False),
+                status=Workflow.Status.SCHEDULED,
+            )
         return runs
 
 
@@ -225,7 +232,38 @@ def run_fields(run):
         "run_at": run.run_at,
         "claimed_at": run.claimed_at,
         "completed_at": run.completed_at,
+        "parent_id": run.parent_id,
+        "waits_for": waits_for(run),
     }
+
+
+def waits_for(run):
+    """What the scheduled run `run` waits for before it is due, in words: a
+    message, another run's end, or its time (a delayed start, a sleep, a
+    retry's wait); None when it is due, or not scheduled."""
+    if run.status != Workflow.Status.SCHEDULED:
+        return None
+    if run.run_at >= clock.FOREVER:
+        until = "no deadline"
+    else:
+        until = f"until {run.run_at:%Y-%m-%d %H:%M:%S}"
+    if run.wait_topic is not None:
+        return f"a message on {run.wait_topic}, {until}"
+    if run.wait_run is not None:
+        return f"the end of run {run.wait_run}, {until}"
+    if run.run_at > clock.now():
+        return f"its time, {run.run_at:%Y-%m-%d %H:%M:%S}"
+    return None
+
+
+MAX_CHILDREN = 200  # children a run's page and `show` list
+
+
+def children(run_id):
+    """The runs the run `run_id` started, oldest first, at most
+    `MAX_CHILDREN`: ``[{"id", "name", "status"}]``."""
+    rows = Workflow.objects.filter(parent_id=run_id).order_by("id")[:MAX_CHILDREN]
+    return list(rows.values("id", "name", "status"))
 
 
 def step_fields(step):
@@ -299,14 +337,16 @@ class QueueState:
     blocked: int
     oldest_pending_age: float  # seconds; 0 when nothing waits
     pending_by_workflow: dict  # workflow name → scheduled runs
+    waiting: dict  # "message" or "run" → runs parked waiting for one
 
 
 def queue_state():
-    """Count the runs not finished: three queries, each on an index that holds
+    """Count the runs not finished: four queries, each on an index that holds
     only the runs in its status (on MariaDB/MySQL, one led by the status),
     so their cost follows the queue, never the history. Pending runs are
     the scheduled ones that are due: those waiting for a later time (a
-    delayed start, a sleep, a retry's wait) are not read at all."""
+    delayed start, a sleep, a retry's wait, a wait for a message or a run)
+    are counted only as the runs parked in a wait."""
     now = clock.now()
     with connection.cursor() as cursor:
         cursor.execute(
@@ -317,6 +357,12 @@ def queue_state():
         scheduled = cursor.fetchall()
         running = _count(cursor, "running", _queue_index("claimed_by"))
         blocked = _count(cursor, "blocked", _queue_index("blocked"))
+        cursor.execute(
+            "SELECT COUNT(wait_topic), COUNT(wait_run) "
+            f"FROM {_queue_index('scheduled')} WHERE status = 'scheduled' AND run_at > %s",
+            [sql.datetime_param(connection, now)],
+        )
+        by_message, by_run = cursor.fetchone()
     by_workflow = {name: count for name, count, _ in scheduled}
     oldest = min((sql.aware(due) for _, _, due in scheduled), default=None)
     age = 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
@@ -326,6 +372,7 @@ def queue_state():
         blocked=blocked,
         oldest_pending_age=age,
         pending_by_workflow=by_workflow,
+        waiting={"message": by_message or 0, "run": by_run or 0},
     )
 
 

@@ -10,7 +10,8 @@ ids, so the number of series stays bounded.
 The counters and histograms are updated by the handlers in `on_event`,
 subscribed to the engine's announcements; nothing in the runner or the
 worker touches a metric. The queue gauges (pending, running, blocked, the
-oldest pending run's age, unclaimable runs) are read from the database when
+oldest pending run's age, unclaimable runs, runs parked in a wait) are read
+from the database when
 scraped, by `QueueCollector`, at most once every `QUEUE_CACHE_SECONDS`, on
 indexes that hold only the runs not finished (`reads.queue_state`).
 """
@@ -65,6 +66,11 @@ DB_RETRIES = Counter(
     "everystep_db_retries",
     "The engine's database operations retried after a transient error.",
     ["runner"],
+)
+MESSAGES_SENT = Counter(
+    "everystep_messages_sent",
+    "Messages sent to runs from this process (`everystep.send`), by topic.",
+    ["topic"],
 )
 DB_OUTAGE = Gauge(
     "everystep_worker_db_outage",
@@ -157,6 +163,10 @@ def _worker_ready(fields):
     POOL_SIZE.labels(fields["worker"]).set(fields["pool_size"])
 
 
+def _message_sent(fields):
+    MESSAGES_SENT.labels(fields["topic"]).inc()
+
+
 def _db_retry(fields):
     DB_RETRIES.labels(_runner).inc()
 
@@ -180,6 +190,7 @@ on_event = {
     "run_requeued": _requeued,
     "worker_starting": _worker_starting,
     "worker_ready": _worker_ready,
+    "message_sent": _message_sent,
     "db_retry": _db_retry,
     "db_outage": _db_outage,
     "db_recovered": _db_recovered,
@@ -238,6 +249,14 @@ class QueueCollector:
                 queue.oldest_pending_age,
             ),
         ]
+        waiting = GaugeMetricFamily(
+            "everystep_runs_waiting",
+            "Runs parked for a message (reason message) or another run's end (reason run).",
+            labels=["reason"],
+        )
+        for reason in ("message", "run"):
+            waiting.add_metric([reason], queue.waiting.get(reason, 0))
+        families.append(waiting)
         unclaimable = GaugeMetricFamily(
             "everystep_workflows_unclaimable",
             "Scheduled runs of a workflow that no live worker has registered.",

@@ -37,6 +37,8 @@ class Box:
     y: int = 0
     width: int = NODE_WIDTH
     height: int = NODE_HEIGHT
+    #: The run a ``start()`` step started: the box links to it.
+    child: object = None
 
     @property
     def short_name(self):
@@ -62,7 +64,13 @@ class Drawing:
     def as_dict(self):
         return {
             "nodes": [
-                {"id": box.id, "kind": box.kind, "name": box.name, "status": box.status}
+                {
+                    "id": box.id,
+                    "kind": box.kind,
+                    "name": box.name,
+                    "status": box.status,
+                    **({"child": box.child} if box.child else {}),
+                }
                 for box in self.boxes
             ],
             "edges": self.edges_by_id,
@@ -92,6 +100,16 @@ def step_graph(run, steps):
     return _layered(run, shape.nodes, recorded)
 
 
+START = "everystep.start"
+
+
+def _child(step):
+    """The run a recorded ``start()`` step started, or None."""
+    if step is not None and step.name == START and step.status == Step.Status.DONE:
+        return step.result
+    return None
+
+
 def _step_status(run, step):
     if step is None:
         return PENDING
@@ -99,7 +117,7 @@ def _step_status(run, step):
         # A started step is recorded only for a step unsafe to repeat: it is
         # running while the run is, and uncertain once the run stopped.
         return IN_FLIGHT if run.status == Workflow.Status.RUNNING else UNCERTAIN
-    if step.status == Step.Status.RETRYING:
+    if step.status in (Step.Status.RETRYING, Step.Status.WAITING):
         return WAITING
     return DONE if step.status == Step.Status.DONE else FAILED
 
@@ -159,6 +177,7 @@ def _layered(run, nodes, recorded):
                 status[node.id],
                 x=MARGIN + column * (NODE_WIDTH + GAP_X),
                 y=MARGIN + row * (NODE_HEIGHT + GAP_Y),
+                child=_child(recorded.get(node.id)),
             )
     edges, edges_by_id = [], []
     for node in nodes:
@@ -198,6 +217,7 @@ def _flat(run, steps, reason):
             _step_status(run, step),
             x=MARGIN,
             y=MARGIN + index * (NODE_HEIGHT + GAP_Y // 3),
+            child=_child(step),
         )
         for index, step in enumerate(steps)
     ]

@@ -12,7 +12,7 @@ from everystep.core import ids
 from everystep.db import reads
 from everystep.errors import EverystepError
 
-PARAMETERS = ("status", "workflow", "worker", "queue", "after", "before", "q")
+PARAMETERS = ("status", "workflow", "worker", "queue", "after", "before", "q", "waiting")
 MAX_LENGTH = 300
 
 
@@ -27,6 +27,7 @@ def run_filter(query):
         created_after=moment("after", given["after"]),
         created_before=moment("before", given["before"]),
         search=given["q"],
+        waiting=given["waiting"] is not None,
     )
 
 

@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from everystep.core import ids
 from everystep.core.serde import readable_json
+from everystep.db import mailbox, reads
 from everystep.db import queues as queue_table
-from everystep.db import reads
 from everystep.db import workers as workers_table
 from everystep.errors import EverystepError
 from everystep.models import Workflow
@@ -72,6 +72,9 @@ def run(run_id, page=1):
         "result": found.result,
         "error": found.error,
         "waiting_for": queue_table.waiting_for(found),
+        "children": reads.children(found.id),
+        "messages": mailbox.messages(found.id),
+        "events": mailbox.event_values(found.id),
         "steps": [{**reads.step_fields(step), "seconds": _seconds(step)} for step in shown],
         "steps_total": total,
         "steps_page": page,

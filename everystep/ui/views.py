@@ -109,6 +109,7 @@ def _run_context(data, page=1, **extra):
         if found.status == Workflow.Status.BLOCKED
         else [],
         "may_cancel": found.status in CANCELLABLE,
+        "may_send": found.status not in Workflow.ENDED,
         "may_retry": found.status == Workflow.Status.FAILED,
         "stream_query": _stream_query("run", {"id": str(found.id), "page": page}, data),
         **extra,
@@ -202,20 +203,27 @@ def retry(request, run_id):
     return _back(reverse("everystep:run", args=[run_id]), "retried")
 
 
+@access.actor
+@transaction.non_atomic_requests
+def send(request, run_id):
+    """Send a message to the run (an approval, a webhook replayed by hand)."""
+    topic = request.POST.get("topic", "").strip()
+    try:
+        payload = _json_field("the payload", request.POST.get("payload", "").strip() or "null")
+        actions.send(run_id, topic, payload)
+    except EverystepError as exc:
+        return _refused(request, run_id, str(exc), 409)
+    access.acted(request, "send", f"run {run_id}: message on {topic} sent", run_id=str(run_id))
+    return _back(reverse("everystep:run", args=[run_id]), "sent")
+
+
 class BadForm(EverystepError):
     """The action's form is filled in wrongly; says what to fix."""
 
 
 def _resolution(how, form):
     if how == "result":
-        text = form.get("result", "")
-        try:
-            return {"result": json.loads(text)}
-        except (ValueError, RecursionError) as exc:  # a JSONDecodeError is a ValueError
-            reason = getattr(exc, "msg", None) or (
-                "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-            )
-            raise BadForm(f"the result is not valid JSON ({reason}): {text[:60]!r}") from None
+        return {"result": _json_field("the result", form.get("result", ""))}
     if how == "error":
         message = form.get("error", "").strip()
         if not message:
@@ -224,6 +232,17 @@ def _resolution(how, form):
     if how == "discard":
         return {"discard": True}
     raise BadForm(f"{how!r} is not a resolution: choose result, error or discard")
+
+
+def _json_field(what, text):
+    """A form field's JSON, decoded; `BadForm` saying what is wrong."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # a JSONDecodeError is a ValueError
+        reason = getattr(exc, "msg", None) or (
+            "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        )
+        raise BadForm(f"{what} is not valid JSON ({reason}): {text[:60]!r}") from None
 
 
 def _refused(request, run_id, reason, status):

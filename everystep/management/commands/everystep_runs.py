@@ -30,6 +30,7 @@ class Command(BaseCommand):
                 worker=options["worker"],
                 queue=options["queue"],
                 created_after=_since(options["since"]) if options["since"] else None,
+                waiting=options["waiting"],
             )
             rows = reads.runs_page(run_filter, size=options["limit"]).runs
         except EverystepError as exc:
@@ -42,6 +43,7 @@ class Command(BaseCommand):
                 f"{run.id}  {run.status:<9}  {run.name}  queue {run.queue}  "
                 f"created {run.created_at:%Y-%m-%d %H:%M:%S}"
                 + (f"  by {run.claimed_by}" if run.claimed_by else "")
+                + (f"  waits for {waits}" if (waits := reads.waits_for(run)) else "")
             )
 
 
