@@ -272,3 +272,52 @@ def test_the_queues_page_the_queue_filter_and_why_a_due_run_waits(operator, live
         operator.find_element(By.ID, "run-waiting").text == "queue tight at its limit of 3 running"
     )
     no_console_errors(operator)
+
+
+def test_a_waiting_run_is_sent_a_message_by_clicking_and_a_parent_links_its_child(
+    operator, live_server
+):
+    from everystep.engine import runner
+    from tests import wait_workflows
+    from tests.helpers import claim_one
+
+    parent = schedule(wait_workflows.parent_of, "tests.wait_workflows.waits_for_go", [])
+    runner.execute(claim_one())  # starts the child, waits for it
+    child = Workflow.objects.get(parent_id=parent.id)
+    runner.execute(claim_one())  # the child waits for a message on "go"
+
+    operator.get(f"{live_server.url}/everystep/?waiting=1")
+    listed = operator.find_elements(By.CSS_SELECTOR, "table.runs tbody tr[data-run]")
+    assert {row.get_attribute("data-run") for row in listed} == {str(parent.id), str(child.id)}
+    screenshot(operator, "ui-runs-waiting")
+
+    operator.get(f"{live_server.url}/everystep/run/{child.id}")
+    waits = operator.find_element(By.ID, "run-waits-for").text
+    assert waits == "a message on go, no deadline"
+    assert operator.find_element(By.ID, "run-parent").text == str(parent.id)
+    screenshot(operator, "ui-run-waiting-for-a-message")
+    assert operator.find_element(By.NAME, "topic").get_attribute("value") == "go"
+    operator.find_element(By.NAME, "payload").send_keys('{"approved": true}')
+    operator.find_element(By.NAME, "send").click()
+    wait_for(
+        operator,
+        lambda d: "message on go sent" in d.page_source or "sent" in d.current_url,
+        message="the message to be sent",
+    )
+    runner.execute(claim_one())  # the child receives it and ends
+    runner.execute(claim_one())  # its end woke the parent
+    assert Workflow.objects.get(id=parent.id).result == ["result", {"approved": True}]
+
+    operator.get(f"{live_server.url}/everystep/run/{child.id}")
+    row = operator.find_element(By.CSS_SELECTOR, "#messages tr[data-message]").text
+    assert "go" in row and "by step 1" in row
+    screenshot(operator, "ui-run-messages")
+
+    operator.get(f"{live_server.url}/everystep/run/{parent.id}")
+    children = operator.find_elements(By.CSS_SELECTOR, "#children tr[data-run]")
+    assert [c.get_attribute("data-run") for c in children] == [str(child.id)]
+    link = operator.find_element(By.CSS_SELECTOR, "#graph a.child-link")
+    screenshot(operator, "ui-run-children")
+    link.click()
+    wait_for(operator, lambda d: str(child.id) in d.current_url, message="the child's page")
+    no_console_errors(operator)
