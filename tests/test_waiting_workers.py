@@ -106,29 +106,40 @@ def test_a_message_and_a_childs_end_wake_a_parked_run_within_a_poll(spawn_worker
     assert one.wait() == 0
 
 
+def completed_after(run_id, started):
+    """Seconds from `started` (monotonic) to the run's completion, read
+    every 5 ms."""
+    wait_until(lambda: status_of(run_id) == "completed", interval=0.005)
+    return time.monotonic() - started
+
+
+def message_wake_up(n):
+    """Seconds from the send to a parked receiver's completion."""
+    receiver = schedule(wait_workflows.awaits_payment, n)
+    wait_until(lambda: parked(receiver.id), message="the receiver to park")
+    sent = time.monotonic()
+    send(receiver.id, "payment", n)
+    return completed_after(receiver.id, sent)
+
+
+def result_wake_up(n):
+    """Seconds from a child's end to its waiting parent's completion."""
+    parent = schedule(wait_workflows.parent_of, "tests.wait_workflows.waits_for_go", [])
+    wait_until(lambda: parked(parent.id), message="the parent to park")
+    child = Workflow.objects.get(parent_id=parent.id)
+    wait_until(lambda: parked(child.id), message="the child to park")
+    send(child.id, "go", n)
+    completed_after(child.id, time.monotonic())
+    return completed_after(parent.id, time.monotonic())
+
+
 @pytest.mark.backends("postgres")
 def test_on_postgresql_a_parked_run_wakes_within_a_second_with_a_poll_of_2s(spawn_worker):
     """LISTEN/NOTIFY: the wake-up of a message, and of a child's end, does
     not wait for the worker's next poll."""
     w = spawn_worker("notified", "--poll", "2", env=WORKFLOWS).wait_ready()
-    message_waits, result_waits = [], []
-    for n in range(7):
-        receiver = schedule(wait_workflows.awaits_payment, n)
-        wait_until(lambda: parked(receiver.id), message="the receiver to park")
-        sent = time.monotonic()
-        send(receiver.id, "payment", n)
-        wait_until(lambda: status_of(receiver.id) == "completed", interval=0.005)
-        message_waits.append(time.monotonic() - sent)
-    for n in range(7):
-        parent = schedule(wait_workflows.parent_of, "tests.wait_workflows.waits_for_go", [])
-        wait_until(lambda: parked(parent.id), message="the parent to park")
-        child = Workflow.objects.get(parent_id=parent.id)
-        wait_until(lambda: parked(child.id), message="the child to park")
-        send(child.id, "go", n)
-        wait_until(lambda: status_of(child.id) == "completed", interval=0.005)
-        ended = time.monotonic()
-        wait_until(lambda: status_of(parent.id) == "completed", interval=0.005)
-        result_waits.append(time.monotonic() - ended)
+    message_waits = [message_wake_up(n) for n in range(7)]
+    result_waits = [result_wake_up(n) for n in range(7)]
     print(
         f"wake-up, median of 7: message {statistics.median(message_waits) * 1000:.0f} ms, "
         f"child's result {statistics.median(result_waits) * 1000:.0f} ms"
