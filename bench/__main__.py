@@ -78,6 +78,7 @@ SIZES = {  # name: (full, quick)
     "runs": (2000, 300),
     "throughput_repeat": (3, 1),
     "pickup_samples": (200, 30),
+    "wake_samples": (60, 15),
     "claim_samples": (200, 50),
     "finished_runs": (1_000_000, 50_000),
     "ui_runs": (1_000_000, 50_000),
@@ -167,6 +168,18 @@ def plan(size):
                 },
             )
         )
+    # The wake-up of a parked run: by a message, by its child's end.
+    tasks += [
+        Task(
+            "pickup",
+            f"pickup.{backend}.{wake}",
+            backend,
+            timeout=300,
+            options={"samples": size.wake_samples, "wake": wake, "log_dir": str(LOGS)},
+        )
+        for backend in report.BACKENDS
+        for wake in ("message", "result")
+    ]
     # PostgreSQL also without prepared statements, as behind PgBouncer in
     # transaction mode: every claim is then planned afresh.
     claims = [(backend, backend, "") for backend in report.BACKENDS]

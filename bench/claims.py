@@ -1,8 +1,10 @@
-"""The claim at scale: does a claim slow down as finished runs, or runs
-waiting for a later time, pile up?
+"""The claim at scale: does a claim slow down as finished runs, runs
+parked in a wait, or runs waiting for a later time, pile up?
 
 `claims.claim(name, 8)` is timed on an idle queue (nothing due) and with 8
-runs scheduled, first with an empty table, then again after 1,000,000
+runs scheduled, first with an empty table, then beside 10,000 runs parked
+waiting for a message (``receive()`` without a timeout: scheduled, due in
+the year 9999, then removed), then again after 1,000,000
 terminal runs (status ``completed``) were bulk-loaded by ``INSERT …
 SELECT`` statements that generate the rows in the database (100,000 a
 statement) and the table ANALYZEd (and the load's dirty pages flushed: a
@@ -104,6 +106,30 @@ def load_future_runs(count):
     _load(count, "scheduled", due_ms="{now} + 86400000 + i * 1000", created_ms="{now}", done=False)
 
 
+PARKED = 10_000
+#: The due time of a wait without a timeout (`everystep.core.clock.FOREVER`).
+FOREVER_MS = int(clock.FOREVER.timestamp() * 1000)
+
+
+def load_parked_runs(count):
+    """Bulk-load `count` runs parked in a ``receive("payment")`` without a
+    timeout, then ANALYZE."""
+    _load(
+        count,
+        "scheduled",
+        due_ms=str(FOREVER_MS),
+        created_ms="{now}",
+        done=False,
+        wait_topic="payment",
+    )
+
+
+def remove_parked_runs():
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM everystep_workflow WHERE wait_topic = 'payment'")
+    analyze("everystep_workflow", vacuum=True)
+
+
 def load_other_queue_runs(count):
     """Bulk-load `count` scheduled runs of the queue ``other``, due one a
     second before now, then ANALYZE."""
@@ -117,7 +143,7 @@ def load_other_queue_runs(count):
     )
 
 
-def _load(count, status, due_ms, created_ms, done, queue="default"):
+def _load(count, status, due_ms, created_ms, done, queue="default", wait_topic=None):
     sql = Dialect(connection.vendor)
     now = int(time.time() * 1000)
     due_ms, created_ms = due_ms.format(now=now), created_ms.format(now=now)
@@ -126,15 +152,17 @@ def _load(count, status, due_ms, created_ms, done, queue="default"):
     run_id = "gen_random_uuid()" if sql.vendor == "postgresql" else sql.run_id(due_ms)
     completed = sql.moment(str(now)) if done else "NULL"
     args = sql.json("'[]'")
+    topic = "NULL" if wait_topic is None else f"'{wait_topic}'"
     with connection.cursor() as cursor:
         for first in range(1, count + 1, CHUNK):
             last = min(count, first + CHUNK - 1)
             with transaction.atomic():
                 cursor.execute(
                     "INSERT INTO everystep_workflow "
-                    "(id, name, args, status, created_at, run_at, completed_at, queue) "
+                    "(id, name, args, status, created_at, run_at, completed_at, queue, wait_topic) "
                     f"SELECT {run_id}, 'bench.workflows.one_step', {args}, '{status}', "
-                    f"{sql.moment(created_ms)}, {sql.moment(due_ms)}, {completed}, '{queue}' "
+                    f"{sql.moment(created_ms)}, {sql.moment(due_ms)}, {completed}, '{queue}', "
+                    f"{topic} "
                     f"FROM {sql.numbers(first, last)}"
                 )
     # Vacuumed too: otherwise autovacuum takes up the million new rows
@@ -148,6 +176,9 @@ def measure(samples=200, finished=1_000_000):
     claim_latency(20, 8, claim=baseline_claim)  # warm up
     baseline_idle = claim_latency(samples, 0, claim=baseline_claim)
     baseline_busy = claim_latency(samples, 8, claim=baseline_claim)
+    load_parked_runs(PARKED)
+    parked_idle, parked_busy = claim_latency(samples, 0), claim_latency(samples, 8)
+    remove_parked_runs()
     began = time.perf_counter()
     load_finished_runs(finished)
     loaded = time.perf_counter() - began
@@ -163,6 +194,11 @@ def measure(samples=200, finished=1_000_000):
     other_idle = claim_latency(samples, 0, only_default)
     other_busy = claim_latency(samples, 8, only_default)
     return {
+        "parked_runs": PARKED,
+        "parked_idle_us": parked_idle * 1e6,
+        "parked_8_waiting_us": parked_busy * 1e6,
+        "ratio_parked_idle": parked_idle / empty_idle,
+        "ratio_parked_8_waiting": parked_busy / empty_busy,
         "baseline_idle_us": baseline_idle * 1e6,
         "baseline_8_waiting_us": baseline_busy * 1e6,
         "ratio_baseline_idle": empty_idle / baseline_idle,

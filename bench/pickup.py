@@ -21,6 +21,14 @@ With ``delay`` (seconds), each probe run is scheduled to start that much
 later (``schedule(..., delay=...)``, plus the same random part of a poll),
 and its latency runs from its due time (``run_at``) instead of its commit:
 how fast a run that falls due is picked up.
+
+With ``wake``, the latency is a parked run's wake-up (§15). ``message``:
+the probe run waits in a ``receive()``; once it is parked, the probe sends
+it a message (autocommit), and the latency runs from that commit to the
+start of the step after the receive. ``result``: the probe run waits for
+its child's result, the child for a message; the probe sends the child its
+message, and the latency runs from the child's end (``completed_at``) to
+the start of the parent's next step.
 """
 
 import os
@@ -30,7 +38,7 @@ import time
 
 from bench import workflows
 from bench.common import Workers, percentile, wait_for
-from everystep import schedule
+from everystep import schedule, send
 from everystep.models import Workflow
 
 WARM_UP = 10
@@ -52,7 +60,50 @@ def receive_start(probe, run_id):
     raise TimeoutError(f"the probe run {run_id} did not start within {TIMEOUT}s")
 
 
-def measure(samples=200, poll=0.2, notify=True, log_dir=".", seed=1, delay=None):
+def scheduled(delay, rng, poll):
+    """Schedule a probe run at a random point of the worker's poll (due
+    `delay` seconds later, if given); returns the run and the moment its
+    latency runs from."""
+    pause = rng.uniform(0, poll)
+    if delay is None:
+        time.sleep(pause)
+        run = schedule(workflows.pickup_probe)  # autocommit: committed on return
+        committed = time.time()
+    else:
+        run = schedule(workflows.pickup_probe, delay=delay + pause)
+        committed = run.run_at.timestamp()  # from when it is due
+    return run, lambda: committed
+
+
+def parked(run_id):
+    return Workflow.objects.filter(id=run_id, status="scheduled", run_at__year=9999).exists()
+
+
+def wait_parked(run_id):
+    wait_for(lambda: parked(run_id), TIMEOUT, "the probe run to park", interval=0.005)
+
+
+def woken(wake, rng, poll):
+    """Schedule a probe run that parks (`wake`: ``message`` or ``result``),
+    wake it at a random point of the worker's poll; returns the run and the
+    moment its latency runs from, a function called once it has started."""
+    probe = workflows.wake_probe if wake == "message" else workflows.result_probe
+    run = schedule(probe)
+    wait_parked(run.id)
+    target = run.id
+    if wake == "result":
+        wait_for(lambda: Workflow.objects.filter(parent_id=run.id).exists(), TIMEOUT, "the child")
+        target = Workflow.objects.get(parent_id=run.id).id
+        wait_parked(target)
+    time.sleep(rng.uniform(0, poll))
+    send(target, "go")  # autocommit: committed on return
+    sent = time.time()
+    if wake == "message":
+        return run, lambda: sent
+    return run, lambda: Workflow.objects.get(id=target).completed_at.timestamp()
+
+
+def measure(samples=200, poll=0.2, notify=True, log_dir=".", seed=1, delay=None, wake=None):
     rng = random.Random(seed)
     flags = ["--poll", str(poll)] + ([] if notify else ["--no-notify"])
     url = os.environ["EVERYSTEP_DATABASE_URL"]
@@ -64,15 +115,12 @@ def measure(samples=200, poll=0.2, notify=True, log_dir=".", seed=1, delay=None)
         with Workers(1, flags, url, log_dir, prefix="bench-pickup", env=env) as group:
             group.wait_ready()
             for index in range(WARM_UP + samples):
-                pause = rng.uniform(0, poll)
-                if delay is None:
-                    time.sleep(pause)
-                    run = schedule(workflows.pickup_probe)  # autocommit: committed on return
-                    committed = time.time()
+                if wake is None:
+                    run, since = scheduled(delay, rng, poll)
                 else:
-                    run = schedule(workflows.pickup_probe, delay=delay + pause)
-                    committed = run.run_at.timestamp()  # from when it is due
+                    run, since = woken(wake, rng, poll)
                 started = receive_start(probe, run.id)
+                committed = since()
                 wait_for(
                     lambda run=run: Workflow.objects.filter(id=run.id, status="completed").exists(),
                     TIMEOUT,

@@ -16,6 +16,7 @@ import subprocess
 from bench.common import ROOT
 
 BACKENDS = ("postgres", "mariadb", "sqlite")
+NAMES = {"postgres": "PostgreSQL (LISTEN/NOTIFY)", "mariadb": "MariaDB", "sqlite": "SQLite"}
 
 
 # What a result records besides its figures.
@@ -282,7 +283,23 @@ def _pickup(t, get):
     if not present:
         return
     t.heading("pickup: schedule() commit to first step, idle worker, poll 0.2 s")
-    for backend, mode, label in present:
+    _pickup_rows(t, get, present)
+    wakes = [
+        (backend, wake, f"{NAMES[backend]}, {label}")
+        for backend in BACKENDS
+        for wake, label in (
+            ("message", "a message: send() commit to the step after receive()"),
+            ("result", "a child's result: the child's end to the parent's next step"),
+        )
+        if get(f"pickup.{backend}.{wake}.pickup_p50_ms") is not None
+    ]
+    if wakes:
+        t.heading("waking a parked run, idle worker, poll 0.2 s")
+        _pickup_rows(t, get, wakes)
+
+
+def _pickup_rows(t, get, modes):
+    for backend, mode, label in modes:
         p = f"pickup.{backend}.{mode}"
         for q in ("p50", "p99"):
             value = get(f"{p}.pickup_{q}_ms")
@@ -323,6 +340,17 @@ def _claims_of(t, get, p, title):
             if baseline is None
             else f"ratio to the claim before queues {get(f'{p}.ratio_baseline_{case}'):.2f}",
         )
+        parked = get(f"{p}.parked_{case}_us")
+        if parked is not None:
+            ratio_parked = get(f"{p}.ratio_parked_{case}")
+            t.row(
+                f"{label}, beside {number(get(f'{p}.parked_runs'))} runs parked in a receive()",
+                parked,
+                "µs",
+                parked / 1e6,
+                note=f"ratio to the empty table {ratio_parked:.2f}, target < 1.5: "
+                f"{verdict(ratio_parked < 1.5)}",
+            )
         t.row(
             f"{label}, {finished} finished runs",
             full,

@@ -5,7 +5,7 @@ import os
 import socket
 import time
 
-from everystep import step, workflow
+from everystep import receive, start, step, workflow
 from everystep.engine import context
 
 #: ``host:port`` of the pickup probe's UDP socket (see `bench.pickup`).
@@ -50,4 +50,26 @@ def one_step():
 
 @workflow
 def pickup_probe():
+    return started_at()
+
+
+@workflow
+def waits_for_go():
+    """Parked until a message on ``go`` comes."""
+    return receive("go")
+
+
+@workflow
+def wake_probe():
+    """Parked in a receive until the probe sends; then sends the time its
+    next step starts (see `bench.pickup`)."""
+    receive("go")
+    return started_at()
+
+
+@workflow
+def result_probe():
+    """Parked until its child ends (the probe sends the child its ``go``);
+    then sends the time its next step starts."""
+    start(waits_for_go).result()
     return started_at()

@@ -218,3 +218,20 @@ def test_a_body_that_sends_sends_once_even_after_a_crash_before_its_record():
     assert attempt(parked=True) == "completed"  # sends again, with the same key
     assert Message.objects.filter(workflow_id=receiver.id).count() == 1
     assert recorded_steps(sender)["1"] == ("send", "done", None)
+
+
+def test_a_worker_keeps_no_wake_up_time_for_a_run_parked_without_a_deadline():
+    """The notification of a parked run carries its due time, the year
+    9999: a worker keeps it nowhere, so 10,000 parked runs cannot crowd out
+    the due times that matter."""
+    import time
+
+    from everystep.worker.options import WorkerOptions
+    from everystep.worker.wakeup import Wakeup
+
+    wakeup = Wakeup(WorkerOptions())
+    for _ in range(3):
+        wakeup.notified(str(time.time() + 8e9))
+    assert wakeup._due_times == []
+    wakeup.notified(str(time.time() + 5))
+    assert len(wakeup._due_times) == 1

@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 CHANNEL = "everystep_scheduled"
 PING_INTERVAL = 10.0
 MAX_DUE_TIMES = 10_000  # notified due times a worker keeps; past that it polls for them
+MAX_DUE_AHEAD = 86_400.0  # seconds; a run due later than this is found by a poll
 
 
 class Wakeup:
@@ -68,7 +69,9 @@ class Wakeup:
             delay = float(due) - time.time() if due else 0.0
         except ValueError:
             delay = 0.0
-        if delay > 0:
+        # A run parked in a wait without a deadline is "due" in the year
+        # 9999: only what comes due soon is worth a place in the heap.
+        if 0 < delay <= MAX_DUE_AHEAD:
             with self._due_lock:
                 if len(self._due_times) < MAX_DUE_TIMES:
                     heapq.heappush(self._due_times, time.monotonic() + delay)
