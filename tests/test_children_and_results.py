@@ -11,10 +11,10 @@ import uuid
 
 import pytest
 
-from everystep import Terminal, aresult, get_event, result, schedule, start
+from everystep import Terminal, aresult, get_event, result, schedule, start, testing
 from everystep.control import actions
 from everystep.engine import runner
-from everystep.errors import Cancelled, EverystepError, SimulatedCrash
+from everystep.errors import Cancelled, EverystepError
 from everystep.models import Event, Step, Workflow
 from tests import wait_workflows
 from tests.helpers import attempt, claim_one, recorded_steps, wait_until
@@ -100,15 +100,8 @@ def test_a_wait_for_a_child_times_out_with_a_recorded_timeout_error(moved_clock)
 def test_a_crash_after_the_child_is_inserted_and_before_the_start_is_recorded_starts_one_child():
     parent = schedule(wait_workflows.parent, 3)
 
-    def crash(ctx, step_id, name):
-        if name == "everystep.start":
-            raise SimulatedCrash(step_id)
-
-    runner.fault = crash
-    try:
+    with testing.crash_after("everystep.start"):
         assert attempt() == "running"
-    finally:
-        runner.fault = None
     [child] = children_of(parent)  # inserted, its start not recorded
     assert not Step.objects.filter(workflow_id=parent.id).exists()
     assert runner.execute(claim_one(parked=True)) == "scheduled"
@@ -122,15 +115,8 @@ def test_a_crash_after_the_result_is_recorded_replays_it_without_reading_the_chi
     [child] = children_of(parent)
     run_next()
 
-    def crash(ctx, step_id, name):
-        if name.endswith(".note"):
-            raise SimulatedCrash(step_id)
-
-    runner.fault = crash
-    try:
+    with testing.crash_after("note"):
         assert run_next() == (parent.id, "running")
-    finally:
-        runner.fault = None
     Workflow.objects.filter(id=child.id).update(result=999)  # a replay must not read it
     assert runner.execute(claim_one(parked=True)) == "completed"
     assert row(parent.id).result == [str(child.id), 8]
@@ -256,24 +242,14 @@ def test_get_event_waits_for_a_first_value(embedded_worker):
     assert get_event(run.id, "progress", timeout=30) == 0
 
 
-def test_a_crash_after_an_event_is_set_does_not_set_it_again():
+def test_a_crash_after_events_are_set_does_not_set_them_again():
     run = schedule(wait_workflows.publishes, 2)
-
-    def crash(ctx, step_id, name):
-        if step_id == "2":
-            raise SimulatedCrash(step_id)
-
-    # set_event records without the hook; a crash at the second one's
-    # position is after the first is recorded.
-    runner.fault = crash
-    try:
-        attempt()
-    finally:
-        runner.fault = None
+    with testing.crash_after("note"):  # the step after the two set_event
+        assert attempt() == "running"
     assert list(Event.objects.filter(workflow_id=run.id).values_list("value", flat=True)) == [0, 1]
-    Workflow.objects.filter(id=run.id).update(status="running", claimed_by="tests")
     assert attempt(parked=True) == "completed"
     assert Event.objects.filter(workflow_id=run.id).count() == 2
+    assert row(run.id).result == "published"
 
 
 def test_a_body_reads_another_runs_event_once_and_replays_it():

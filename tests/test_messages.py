@@ -11,9 +11,8 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from everystep import schedule, send
-from everystep.engine import runner
-from everystep.errors import EverystepError, SimulatedCrash
+from everystep import schedule, send, testing
+from everystep.errors import EverystepError
 from everystep.models import Message, Step, Workflow
 from tests import wait_workflows
 from tests.helpers import attempt, recorded_steps
@@ -156,15 +155,8 @@ def test_a_crash_after_the_message_is_taken_and_before_it_is_recorded_leaves_it_
     run = schedule(wait_workflows.awaits_payment, 13)
     send(run.id, "payment", "the one")
 
-    def crash(ctx, step_id, name):
-        if name == "everystep.receive":
-            raise SimulatedCrash(step_id)
-
-    runner.fault = crash
-    try:
+    with testing.crash_after("everystep.receive"):
         assert attempt() == "running"
-    finally:
-        runner.fault = None
     assert Message.objects.get().consumed_by is None
     assert not Step.objects.filter(workflow_id=run.id).exists()
     assert attempt(parked=True) == "completed"
@@ -177,15 +169,8 @@ def test_a_crash_after_the_receive_is_recorded_replays_the_same_message():
     send(run.id, "payment", "first")
     send(run.id, "payment", "second")
 
-    def crash(ctx, step_id, name):
-        if name.endswith(".note"):
-            raise SimulatedCrash(step_id)
-
-    runner.fault = crash
-    try:
+    with testing.crash_after("note"):
         assert attempt() == "running"
-    finally:
-        runner.fault = None
     assert attempt(parked=True) == "completed"
     assert row(run).result == {"order": 14, "paid": "first"}
     consumed = Message.objects.filter(consumed_by__isnull=False)
@@ -205,15 +190,8 @@ def test_a_body_that_sends_sends_once_even_after_a_crash_before_its_record():
     receiver = schedule(wait_workflows.receives, "item", 2, 0, delay=3600)
     sender = schedule(wait_workflows.sends, str(receiver.id), "item", "hello")
 
-    def crash(ctx, step_id, name):
-        if name == "everystep.send":
-            raise SimulatedCrash(step_id)  # sent, not recorded
-
-    runner.fault = crash
-    try:
+    with testing.crash_after("everystep.send"):
         assert attempt() == "running"
-    finally:
-        runner.fault = None
     assert Message.objects.filter(workflow_id=receiver.id).count() == 1
     assert attempt(parked=True) == "completed"  # sends again, with the same key
     assert Message.objects.filter(workflow_id=receiver.id).count() == 1

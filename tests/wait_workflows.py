@@ -63,7 +63,7 @@ def sends(run_id, topic, payload):
 def publishes(count):
     for value in range(count):
         set_event("progress", value)
-    return "published"
+    return note("published")
 
 
 @workflow
