@@ -342,15 +342,9 @@ def _claims_of(t, get, p, title):
         )
         parked = get(f"{p}.parked_{case}_us")
         if parked is not None:
-            ratio_parked = get(f"{p}.ratio_parked_{case}")
-            t.row(
-                f"{label}, beside {number(get(f'{p}.parked_runs'))} runs parked in a receive()",
-                parked,
-                "µs",
-                parked / 1e6,
-                note=f"ratio to the empty table {ratio_parked:.2f}, target < 1.5: "
-                f"{verdict(ratio_parked < 1.5)}",
-            )
+            parked_runs = number(get(f"{p}.parked_runs"))
+            label_parked = f"{label}, beside {parked_runs} runs parked in a receive()"
+            _against_empty(t, label_parked, parked, get(f"{p}.ratio_parked_{case}"))
         t.row(
             f"{label}, {finished} finished runs",
             full,
@@ -360,14 +354,8 @@ def _claims_of(t, get, p, title):
         )
         future = get(f"{p}.future_{case}_us")
         if future is not None:
-            ratio = get(f"{p}.ratio_future_{case}")
-            t.row(
-                f"{label}, and {finished} runs due tomorrow or later",
-                future,
-                "µs",
-                future / 1e6,
-                note=f"ratio to the empty table {ratio:.2f}, target < 1.5: {verdict(ratio < 1.5)}",
-            )
+            label_future = f"{label}, and {finished} runs due tomorrow or later"
+            _against_empty(t, label_future, future, get(f"{p}.ratio_future_{case}"))
         limited = get(f"{p}.limited_{case}_us")
         if limited is not None:
             ratio = get(f"{p}.ratio_limited_{case}")
@@ -378,14 +366,15 @@ def _claims_of(t, get, p, title):
                 limited / 1e6,
                 note=f"ratio to the same claim without limits {ratio:.2f}",
             )
+            label_other = f"{label}, and {finished} runs of another queue due"
             other, ratio = get(f"{p}.other_queue_{case}_us"), get(f"{p}.ratio_other_queue_{case}")
-            t.row(
-                f"{label}, and {finished} runs of another queue due",
-                other,
-                "µs",
-                other / 1e6,
-                note=f"ratio to the empty table {ratio:.2f}, target < 1.5: {verdict(ratio < 1.5)}",
-            )
+            _against_empty(t, label_other, other, ratio)
+
+
+def _against_empty(t, label, micros, ratio):
+    """A claim's row, with its ratio to the same claim on the empty table."""
+    note = f"ratio to the empty table {ratio:.2f}, target < 1.5: {verdict(ratio < 1.5)}"
+    t.row(label, micros, "µs", micros / 1e6, note=note)
 
 
 def _flow(t, get):
