@@ -129,6 +129,10 @@ def test_sending_is_one_insert_and_one_update():
         (lambda run: send(run.id, "", 1), "a message's topic must be"),
         (lambda run: send(run.id, "x" * 256, 1), "a message's topic must be"),
         (lambda run: send(run.id, "ok", object()), "cannot serialize"),
+        (
+            lambda run: send(run.id, "ok", "x" * (9 * 1024 * 1024)),
+            "the payload of a message to run .* is 9.0 MiB encoded; everystep stores at most 8 MiB",
+        ),
         (lambda run: send(uuid.uuid4(), "ok", 1), "no run"),
         (lambda run: send("not-a-uuid", "ok", 1), "'not-a-uuid' is not a run id"),
         (lambda run: send(run.id, "ok", 1, idempotency_key=""), "idempotency_key must be"),
@@ -213,3 +217,22 @@ def test_a_worker_keeps_no_wake_up_time_for_a_run_parked_without_a_deadline():
     assert wakeup._due_times == []
     wakeup.notified(str(time.time() + 5))
     assert len(wakeup._due_times) == 1
+
+
+def test_a_parked_run_says_what_it_waits_for(moved_clock):
+    from everystep.db import reads
+
+    receiver = schedule(wait_workflows.awaits_payment, 15, 90)
+    parent = schedule(wait_workflows.parent, 1)
+    sleeper = schedule(wait_workflows.awaits_payment, 16, delay=60)
+    for _ in range(2):
+        attempt()
+    deadline = (moved_clock.moment + datetime.timedelta(seconds=90)).strftime("%Y-%m-%d %H:%M:%S")
+    assert reads.waits_for(row(receiver)) == f"a message on payment, until {deadline}"
+    child = Workflow.objects.get(parent_id=parent.id)
+    assert reads.waits_for(row(parent)) == f"the end of run {child.id}, no deadline"
+    due = (moved_clock.moment + datetime.timedelta(seconds=60)).strftime("%Y-%m-%d %H:%M:%S")
+    assert reads.waits_for(row(sleeper)) == f"its time, {due}"
+    assert reads.waits_for(row(child)) is None  # due now
+    waiting = reads.runs_page(reads.RunFilter(waiting=True)).runs
+    assert {run.id for run in waiting} == {receiver.id, parent.id}
