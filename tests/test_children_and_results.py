@@ -17,7 +17,7 @@ from everystep.engine import runner
 from everystep.errors import Cancelled, EverystepError
 from everystep.models import Event, Step, Workflow
 from tests import wait_workflows
-from tests.helpers import attempt, claim_one, recorded_steps, wait_until
+from tests.helpers import attempt, claim_one, recorded_steps
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -284,14 +284,23 @@ def test_result_in_a_body_of_a_run_that_is_not_a_child_is_a_durable_wait():
 
 
 def test_a_thread_waiting_for_a_result_is_woken_by_the_end():
-    run = schedule(wait_workflows.waits_for_go)
-    attempt()
-    got = []
-    waiter = threading.Thread(target=lambda: got.append(result(run.id, timeout=30)))
-    waiter.start()
+    from django.db import connections
+
     from everystep import send
 
+    run = schedule(wait_workflows.waits_for_go)
+    assert attempt() == "scheduled"
+    got = []
+
+    def wait():
+        try:
+            got.append(result(run.id, timeout=30))
+        finally:
+            connections.close_all()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
     send(run.id, "go", "now")
-    wait_until(lambda: attempt() == "completed" or True, message="the run to end")
+    assert attempt() == "completed"
     waiter.join(30)
     assert got == ["now"]
