@@ -12,8 +12,9 @@ once more and either gets what it waited for or, past its deadline, records
 that it timed out.
 
 A message is consumed in the transaction that records the step receiving
-it: a crash before that commit leaves it in the mailbox, and after it the
-step's record serves it on replay, so each message is received once.
+it: a crash before that commit — the test hook `runner.fault` is called
+between the two writes — leaves it in the mailbox, and after it the step's
+record serves it on replay, so each message is received once.
 """
 
 import datetime
@@ -58,8 +59,14 @@ def receive(ctx, step_id, topic, timeout):
         if found is None:
             break
         message_id, payload = found
-        if runner.fault is not None:  # taken, not yet recorded
-            runner.fault(ctx, step_id, RECEIVE)
+
+        def take(message_id=message_id):
+            if not mailbox.consume(message_id, step_id):
+                return False
+            if runner.fault is not None:  # taken, in the transaction, not yet recorded
+                runner.fault(ctx, step_id, RECEIVE)
+            return True
+
         consumed = _record(
             run,
             step,
@@ -67,7 +74,7 @@ def receive(ctx, step_id, topic, timeout):
             serde.dumps(serde.to_json(payload)),
             None,
             replacing=replacing,
-            alongside=lambda message_id=message_id: mailbox.consume(message_id, step_id),
+            alongside=take,
         )
         if consumed:
             return _done(run, step_id, RECEIVE, payload)
