@@ -304,3 +304,14 @@ def test_a_thread_waiting_for_a_result_is_woken_by_the_end():
     assert attempt() == "completed"
     waiter.join(30)
     assert got == ["now"]
+
+
+def test_a_body_waiting_for_a_run_that_does_not_exist_fails_with_a_clear_error():
+    missing = uuid.uuid4()
+    run = schedule(wait_workflows.waits_for, str(missing))
+    assert attempt() == "failed"
+    error = row(run.id).error
+    assert (error["type"], error["message"]) == (
+        "everystep.errors.EverystepError",
+        f"no run {missing}",
+    )

@@ -14,6 +14,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from everystep.core import serde
 from everystep.db import runs
 from everystep.errors import EverystepError
+from everystep.models import Workflow
 from everystep.resilience import deadline
 
 POLL_SECONDS = 1.0
@@ -31,8 +32,8 @@ def result(run_id, timeout=None):
 
 def wait(run_id, timeout=None):
     """``(status, result, error)`` of the run `run_id` once it has ended
-    (`everystep.db.runs.outcome`); `TimeoutError` after `timeout` seconds
-    (None: no limit), `EverystepError` for no such run, or for a run that
+    (`Workflow.ENDED`, read by `everystep.db.runs.outcome`); `TimeoutError`
+    after `timeout` seconds (None: no limit), `EverystepError` for no such run, or for a run that
     has not ended while this thread is inside ``transaction.atomic()``
     (which would hide its end, and hold the transaction open meanwhile)."""
     give_up = None if timeout is None else time.monotonic() + timeout
@@ -40,9 +41,11 @@ def wait(run_id, timeout=None):
     listener = _Listener(run_id) if db.vendor == "postgresql" else None
     try:
         while True:
-            ended = runs.outcome(run_id)
-            if ended is not None:
-                return ended
+            found = runs.outcome(run_id)
+            if found is None:
+                raise EverystepError(f"no run {run_id}")
+            if found[0] in Workflow.ENDED:
+                return found
             if db.in_atomic_block:
                 raise EverystepError(
                     f"run {run_id} has not ended, and this wait is inside transaction.atomic(), "

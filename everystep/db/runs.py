@@ -328,15 +328,13 @@ def ask_to_cancel(run_id, error):
 
 
 def outcome(run_id):
-    """``(status, result, error)`` of the run if it has ended, where
-    `error` is what a wait for it raises (a `Cancelled` for a cancelled run
-    that kept none); None while it has not. `EverystepError` for no such run."""
+    """``(status, result, error)`` of the run, None if there is no such
+    run. The `error` of a cancelled run that kept none is a `Cancelled`, as
+    a wait for it raises it."""
     row = Workflow.objects.filter(id=run_id).values_list("status", "result", "error").first()
     if row is None:
-        raise EverystepError(f"no run {run_id}")
-    status, result, error = row
-    if status not in Workflow.ENDED:
         return None
+    status, result, error = row
     if status == Workflow.Status.CANCELLED and error is None:
         error = serde.encode_exception(Cancelled(f"run {run_id} was cancelled"))
     return status, result, error

@@ -25,7 +25,12 @@ import time
 from everystep.core import clock, serde
 from everystep.db import mailbox, runs
 from everystep.engine import records, runner
-from everystep.engine.steps import _record, refuse_inside_transaction, run_step
+from everystep.engine.steps import (
+    _record,
+    _stop_if_cancel_asked,
+    refuse_inside_transaction,
+    run_step,
+)
 from everystep.errors import EverystepError, Waiting, WorkflowCodeError
 from everystep.models import Step, Workflow
 
@@ -48,7 +53,7 @@ def receive(ctx, step_id, topic, timeout):
     recorded = _recorded(run, step_id, RECEIVE)
     if recorded is not None and recorded["status"] == Step.Status.DONE:
         return recorded["result"]
-    refuse_inside_transaction("receive()")
+    _new_step(run, "receive()")
     deadline = _deadline(recorded, timeout)
     step = _step(step_id, RECEIVE, [topic, timeout])
     replacing = None if recorded is None else Step.Status.WAITING
@@ -103,7 +108,7 @@ def set_event(ctx, step_id, key, value):
     recorded = _recorded(run, step_id, SET_EVENT)
     if recorded is not None:
         return
-    refuse_inside_transaction("set_event()")
+    _new_step(run, "set_event()")
     step = _step(step_id, SET_EVENT, [key, value])
     _record(
         run,
@@ -171,11 +176,14 @@ def await_run(ctx, step_id, run_id, timeout):
         raise serde.decode_exception(recorded["error"])
     if run_id == ctx.workflow_id:
         raise EverystepError(f"run {run_id} cannot wait for its own result")
-    refuse_inside_transaction("result()")
+    _new_step(run, "result()")
     deadline = _deadline(recorded, timeout)
     step = _step(step_id, RESULT, [str(run_id), timeout])
     replacing = None if recorded is None else Step.Status.WAITING
-    ended = records.guarded(lambda attempt: runs.outcome(run_id), f"reading run {run_id}")
+    found = records.guarded(lambda attempt: runs.outcome(run_id), f"reading run {run_id}")
+    if found is None:
+        raise EverystepError(f"no run {run_id}")
+    ended = found if found[0] in Workflow.ENDED else None
     if ended is None and clock.now() >= deadline:
         ended = (
             Workflow.Status.FAILED,
@@ -218,6 +226,13 @@ def _wait(run, step, recorded, deadline, result, *, topic=None, awaited=None):
     raise Waiting(run.fence.run_id, step_id, deadline, topic=topic, awaited=awaited)
 
 
+def _new_step(run, what):
+    """Before a wait writes anything: as before any new step, none starts
+    in a run asked to cancel, nor inside the body's transaction."""
+    _stop_if_cancel_asked(run)
+    refuse_inside_transaction(what)
+
+
 def _recorded(run, step_id, name):
     """The record at `step_id`, if any, checked to be a `name` step."""
     recorded = run.outcomes.get(step_id)
@@ -249,8 +264,11 @@ def _step(step_id, name, args):
 
 
 def _done(run, step_id, name, result):
+    """Note the step's record in the run's outcomes and return `result`,
+    unless a cancel asked of the run was learnt as it was written."""
     done = {"name": name, "status": Step.Status.DONE, "result": result, "error": None}
     run.outcomes[step_id] = done
+    _stop_if_cancel_asked(run)
     return result
 
 
