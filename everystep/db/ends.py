@@ -32,10 +32,11 @@ def result(run_id, timeout=None):
 
 def wait(run_id, timeout=None):
     """``(status, result, error)`` of the run `run_id` once it has ended
-    (`Workflow.ENDED`, read by `everystep.db.runs.outcome`); `TimeoutError`
-    after `timeout` seconds (None: no limit), `EverystepError` for no such run, or for a run that
-    has not ended while this thread is inside ``transaction.atomic()``
-    (which would hide its end, and hold the transaction open meanwhile)."""
+    (`Workflow.ENDED`, read by `everystep.db.runs.outcome`). `TimeoutError`
+    after `timeout` seconds (None: no limit); `EverystepError` for no such
+    run, or for a run that has not ended while this thread is inside
+    ``transaction.atomic()`` (which would hide its end, and hold the
+    transaction open meanwhile)."""
     give_up = None if timeout is None else time.monotonic() + timeout
     db = connections[DEFAULT_DB_ALIAS]
     listener = _Listener(run_id) if db.vendor == "postgresql" else None
