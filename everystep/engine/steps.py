@@ -77,7 +77,7 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, policy=No
             if unsafe_to_repeat and row != Step.Status.STARTED:
                 # Its effect is claimed before each call: a crash during the
                 # call leaves it started, and the run blocked.
-                _record(run, step, Step.Status.STARTED, None, None, replacing=row, attempts=attempt)
+                record(run, step, Step.Status.STARTED, None, None, replacing=row, attempts=attempt)
                 row = Step.Status.STARTED
             ctx.step_attempt = attempt
             outcome = _call(ctx, step, func, args, kwargs)
@@ -96,7 +96,7 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, policy=No
             # Waiting durably, or after an unsafe step whose outcome is known
             # (it failed, and may run again): the wait is recorded.
             if durable or unsafe_to_repeat:
-                _record(
+                record(
                     run,
                     step,
                     Step.Status.RETRYING,
@@ -106,7 +106,7 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, policy=No
                     attempts=attempt,
                 )
                 row = Step.Status.RETRYING
-                _stop_if_cancel_asked(run)
+                stop_if_cancel_asked(run)
             if durable:
                 run.outcomes[step_id] = {
                     "name": name,
@@ -119,7 +119,7 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, policy=No
             time.sleep(wait)
             attempt += 1
 
-        _record(
+        record(
             run,
             step,
             outcome.status,
@@ -149,13 +149,13 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, policy=No
         "result": outcome.result,
         "error": outcome.encoded_error,
     }
-    _stop_if_cancel_asked(run)
+    stop_if_cancel_asked(run)
     if error is not None:
         raise error
     return outcome.result
 
 
-def _stop_if_cancel_asked(run):
+def stop_if_cancel_asked(run):
     """After a write that landed despite a cancel asked of the run: stop."""
     if run.cancel_asked:
         raise Cancelled()
@@ -263,10 +263,10 @@ def sleep(ctx, step_id, seconds):
         step = {"step_id": step_id, "name": SLEEP, "started_at": started}
         step["args"] = serde.dumps(serde.to_json([seconds]))
         step["kwargs"] = serde.dumps(serde.to_json({}))
-        _record(run, step, Step.Status.DONE, serde.dumps(serde.to_json(wake_at)), None)
+        record(run, step, Step.Status.DONE, serde.dumps(serde.to_json(wake_at)), None)
         recorded = {"name": SLEEP, "status": Step.Status.DONE, "result": wake_at, "error": None}
         run.outcomes[step_id] = recorded
-        _stop_if_cancel_asked(run)
+        stop_if_cancel_asked(run)
     wake_at = recorded["result"]
     if clock.now() < wake_at:
         raise Sleeping(run.fence.run_id, step_id, wake_at)
@@ -298,7 +298,7 @@ def refuse_inside_transaction(what):
             )
 
 
-def _record(run, step, status, result, error, *, replacing=None, attempts=1, alongside=None):
+def record(run, step, status, result, error, *, replacing=None, attempts=1, alongside=None):
     """Write a step's outcome (or its ``started``, ``retrying`` or
     ``waiting`` row): a new row, or in place of its row in status
     `replacing`; fenced and retried. A retry after a lost reply finds out
@@ -307,7 +307,7 @@ def _record(run, step, status, result, error, *, replacing=None, attempts=1, alo
     With `alongside`, a write that belongs with the step's (a message
     consumed, an event published): called first, in the same transaction,
     it returns whether to go on. When it does not, nothing is written and
-    `_record` returns False.
+    `record` returns False.
 
     A write refused because a cancel was asked of the run: an outcome is
     written all the same (the step in flight is recorded) and the run is
@@ -366,5 +366,5 @@ def _record(run, step, status, result, error, *, replacing=None, attempts=1, alo
     return True
 
 
-#: `_record`'s answer when its `alongside` write said not to go on.
+#: `record`'s answer when its `alongside` write said not to go on.
 _SKIPPED = "skipped"

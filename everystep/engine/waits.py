@@ -26,10 +26,10 @@ from everystep.core import clock, serde
 from everystep.db import mailbox, runs
 from everystep.engine import records, runner
 from everystep.engine.steps import (
-    _record,
-    _stop_if_cancel_asked,
+    record,
     refuse_inside_transaction,
     run_step,
+    stop_if_cancel_asked,
 )
 from everystep.errors import EverystepError, Waiting, WorkflowCodeError
 from everystep.models import Step, Workflow
@@ -72,7 +72,7 @@ def receive(ctx, step_id, topic, timeout):
                 runner.fault(ctx, step_id, RECEIVE)
             return True
 
-        consumed = _record(
+        consumed = record(
             run,
             step,
             Step.Status.DONE,
@@ -110,7 +110,7 @@ def set_event(ctx, step_id, key, value):
         return
     _new_step(run, "set_event()")
     step = _step(step_id, SET_EVENT, [key, value])
-    _record(
+    record(
         run,
         step,
         Step.Status.DONE,
@@ -193,9 +193,9 @@ def await_run(ctx, step_id, run_id, timeout):
     if ended is not None:
         status, result, error = ended
         if status == Workflow.Status.COMPLETED:
-            _record(run, step, Step.Status.DONE, serde.encode(result), None, replacing=replacing)
+            record(run, step, Step.Status.DONE, serde.encode(result), None, replacing=replacing)
             return _done(run, step_id, RESULT, result)
-        _record(run, step, Step.Status.FAILED, None, serde.dumps(error), replacing=replacing)
+        record(run, step, Step.Status.FAILED, None, serde.dumps(error), replacing=replacing)
         run.outcomes[step_id] = {
             "name": RESULT,
             "status": Step.Status.FAILED,
@@ -213,10 +213,10 @@ def _wait(run, step, recorded, deadline, result, *, topic=None, awaited=None):
     step_id = step["step_id"]
     replacing = None if recorded is None else Step.Status.WAITING
     if clock.now() >= deadline:
-        _record(run, step, Step.Status.DONE, serde.encode(result), None, replacing=replacing)
+        record(run, step, Step.Status.DONE, serde.encode(result), None, replacing=replacing)
         return _done(run, step_id, step["name"], result)
     if recorded is None:
-        _record(run, step, Step.Status.WAITING, serde.encode(deadline), None)
+        record(run, step, Step.Status.WAITING, serde.encode(deadline), None)
         run.outcomes[step_id] = {
             "name": step["name"],
             "status": Step.Status.WAITING,
@@ -229,7 +229,7 @@ def _wait(run, step, recorded, deadline, result, *, topic=None, awaited=None):
 def _new_step(run, what):
     """Before a wait writes anything: as before any new step, none starts
     in a run asked to cancel, nor inside the body's transaction."""
-    _stop_if_cancel_asked(run)
+    stop_if_cancel_asked(run)
     refuse_inside_transaction(what)
 
 
@@ -268,7 +268,7 @@ def _done(run, step_id, name, result):
     unless a cancel asked of the run was learnt as it was written."""
     done = {"name": name, "status": Step.Status.DONE, "result": result, "error": None}
     run.outcomes[step_id] = done
-    _stop_if_cancel_asked(run)
+    stop_if_cancel_asked(run)
     return result
 
 
