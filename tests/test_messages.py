@@ -237,3 +237,30 @@ def test_a_parked_run_says_what_it_waits_for(moved_clock):
     assert reads.waits_for(row(child)) is None  # due now
     waiting = reads.runs_page(reads.RunFilter(waiting=True)).runs
     assert {run.id for run in waiting} == {receiver.id, parent.id}
+
+
+def test_what_a_run_waits_for_is_cleared_as_its_wait_ends(moved_clock):
+    """Only the runs waiting now hold what they wait for: the waiting
+    gauge, and the waiting filter, count them from it."""
+    from everystep.db import reads
+
+    woken = schedule(wait_workflows.awaits_payment, 17)
+    timed_out = schedule(wait_workflows.awaits_payment, 18, 30)
+    cancelled = schedule(wait_workflows.awaits_payment, 19)
+    for _ in range(3):
+        assert attempt() == "scheduled"
+    assert reads.queue_state().waiting == {"message": 3, "run": 0}
+    send(woken.id, "payment", 1)
+    assert row(woken).wait_topic is None  # woken: due now, waiting no more
+    from everystep.control import actions
+
+    actions.cancel(cancelled.id)
+    assert row(cancelled).wait_topic is None
+    moved_clock.advance(31)
+    assert row(timed_out).wait_topic == "payment"  # due, not yet claimed
+    from everystep.db import claims
+
+    claimed = {run.fence.run_id for run in claims.claim("tests", 10)}
+    assert claimed == {woken.id, timed_out.id}
+    assert row(timed_out).wait_topic is None  # claimed: its wait is over
+    assert reads.queue_state().waiting == {"message": 0, "run": 0}

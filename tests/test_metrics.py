@@ -353,19 +353,24 @@ def _timed(func):
 
 EXPLAIN = {"postgresql": "EXPLAIN ", "mysql": "EXPLAIN ", "sqlite": "EXPLAIN QUERY PLAN "}
 # Indexes that hold only the unfinished runs (on MariaDB/MySQL, the claim's,
-# led by the status); SQLite is told which (reads._queue_index).
+# led by the status); SQLite is told which (reads._queue_index). The runs
+# waiting are counted from the indexes of what they wait for, which only
+# the runs waiting now hold (a range of the set values on MariaDB).
+WAIT_INDEXES = ("everystep_workflow_wait_topic", "everystep_workflow_wait_run")
 QUEUE_INDEXES = {
     "postgresql": (
         "everystep_workflow_scheduled",
         "everystep_workflow_claim",
         "everystep_workflow_claimed_by",
         "everystep_workflow_blocked",
+        *WAIT_INDEXES,
     ),
-    "mysql": ("everystep_workflow_scheduled", "everystep_workflow_claim"),
+    "mysql": ("everystep_workflow_scheduled", "everystep_workflow_claim", *WAIT_INDEXES),
     "sqlite": (
         "everystep_workflow_scheduled",
         "everystep_workflow_claimed_by",
         "everystep_workflow_blocked",
+        *WAIT_INDEXES,
     ),
 }
 # Indexes of every run led by the status (MariaDB's, migrations 0007 and

@@ -205,6 +205,8 @@ def _mark_claimed(rows, worker_name, token, now):
             claim_token=token,
             claimed_at=now,
             started_at=Coalesce("started_at", Value(now)),
+            wait_topic=None,  # a wait that timed out is over
+            wait_run=None,
         )
 
 
@@ -566,7 +568,8 @@ WITH RECURSIVE pairs(queue, priority) AS (
 TAKE_CHOSEN = """
 UPDATE everystep_workflow
    SET status = 'running', claimed_by = %(worker)s, claim_token = %(token)s,
-       claimed_at = %(now)s, started_at = COALESCE(started_at, %(now)s)
+       claimed_at = %(now)s, started_at = COALESCE(started_at, %(now)s),
+       wait_topic = NULL, wait_run = NULL
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, name, args, run_at, trace_context, cancel_requested_at IS NOT NULL,
           EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)

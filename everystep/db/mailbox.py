@@ -9,7 +9,8 @@ seen by it, and one sent after finds the run parked and wakes it.
 """
 
 from django.db import transaction
-from django.db.models import Case, DateTimeField, F, Value, When
+from django.db.models import Case, DateTimeField, F, Q, Value, When
+from django.db.models.functions import Least
 
 from everystep.core import clock, events, ids, serde
 from everystep.db import sql
@@ -52,20 +53,20 @@ def send(run_id, topic, payload, idempotency_key=None):
 
 
 def _send(run_id, topic, payload, idempotency_key, now):
+    waiting = Q(status=Workflow.Status.SCHEDULED, wait_topic=topic)
     with transaction.atomic(savepoint=False):
-        woken_at = Case(
-            When(
-                status=Workflow.Status.SCHEDULED,
-                wait_topic=topic,
-                run_at__gt=now,
-                then=Value(now, output_field=DateTimeField()),
-            ),
-            default=F("run_at"),
-        )
         found = (
             Workflow.objects.filter(id=run_id)
             .exclude(status__in=Workflow.ENDED)
-            .update(run_at=woken_at)
+            .update(
+                # In this order: MariaDB assigns left to right, and the wait
+                # is read before it is cleared.
+                run_at=Case(
+                    When(waiting, then=Least("run_at", Value(now, output_field=DateTimeField()))),
+                    default=F("run_at"),
+                ),
+                wait_topic=Case(When(waiting, then=Value(None)), default=F("wait_topic")),
+            )
         )
         if found:
             message = Message(
@@ -79,13 +80,16 @@ def _send(run_id, topic, payload, idempotency_key, now):
     return found
 
 
-# The run's row is locked (and made due if it waits on the topic) and the
-# message stored only if the run has not ended, in one round trip.
+# The run's row is locked (and made due, its wait over, if it waits on the
+# topic) and the message stored only if the run has not ended, in one round
+# trip.
 _SEND = f"""
 WITH target AS (
     UPDATE everystep_workflow
-       SET run_at = CASE WHEN status = 'scheduled' AND wait_topic = %s AND run_at > %s
-                         THEN %s ELSE run_at END
+       SET run_at = CASE WHEN status = 'scheduled' AND wait_topic = %s
+                         THEN LEAST(run_at, %s) ELSE run_at END,
+           wait_topic = CASE WHEN status = 'scheduled' AND wait_topic = %s
+                             THEN NULL ELSE wait_topic END
      WHERE id = %s AND status NOT IN ({", ".join(f"'{status}'" for status in Workflow.ENDED)})
  RETURNING id
 ), stored AS (
@@ -100,7 +104,7 @@ SELECT (SELECT count(*) FROM target), (SELECT count(*) FROM stored)
 
 def _send_in_one_statement(db, run_id, topic, payload, idempotency_key, now):
     text = serde.dumps(serde.to_json(payload))
-    params = [topic, now, now, run_id, topic, text, idempotency_key, now]
+    params = [topic, now, topic, run_id, topic, text, idempotency_key, now]
     [(found, _)] = sql.fetch(db, _SEND, params)
     return found
 

@@ -82,10 +82,7 @@ class RunFilter:
         if self.search:
             runs = runs.filter(_search(self.search.strip()))
         if self.waiting:
-            runs = runs.filter(
-                Q(wait_topic__isnull=False) | Q(wait_run__isnull=False),
-                status=Workflow.Status.SCHEDULED,
-            )
+            runs = runs.filter(Q(wait_topic__isnull=False) | Q(wait_run__isnull=False))
         return runs
 
 
@@ -357,10 +354,12 @@ def queue_state():
         scheduled = cursor.fetchall()
         running = _count(cursor, "running", _queue_index("claimed_by"))
         blocked = _count(cursor, "blocked", _queue_index("blocked"))
+        # Only the runs waiting now hold what they wait for (they are
+        # cleared as a wait ends): each count reads an index of those.
         cursor.execute(
-            "SELECT COUNT(wait_topic), COUNT(wait_run) "
-            f"FROM {_queue_index('scheduled')} WHERE status = 'scheduled' AND run_at > %s",
-            [sql.datetime_param(connection, now)],
+            f"SELECT (SELECT COUNT(*) FROM {_queue_index('wait_topic')} "
+            "WHERE wait_topic IS NOT NULL), "
+            f"(SELECT COUNT(*) FROM {_queue_index('wait_run')} WHERE wait_run IS NOT NULL)"
         )
         by_message, by_run = cursor.fetchone()
     by_workflow = {name: count for name, count, _ in scheduled}

@@ -10,6 +10,8 @@ one place that says how a run may move.
 """
 
 from django.db import connection, transaction
+from django.db.models import DateTimeField, Value
+from django.db.models.functions import Least
 from django.utils import timezone
 
 from everystep.core import clock, registry, serde
@@ -20,6 +22,8 @@ from everystep.models import Workflow
 RUNNING = Workflow.Status.RUNNING
 SCHEDULED = Workflow.Status.SCHEDULED
 COMPLETED = Workflow.Status.COMPLETED
+#: A run holds what it waits for only while it waits: every move clears it.
+NOT_WAITING = {"wait_topic": None, "wait_run": None}
 
 
 def insert_run(
@@ -112,16 +116,15 @@ def transition(run_ids, from_status, to_status, *, fenced_on=None, **fields):
     only while the run is still held under that claim. Returns how many moved.
 
     Leaving ``running`` releases the claim (``claimed_by``, ``claimed_at``)
-    but keeps the token, so a retried write can tell that it had landed;
-    going to ``scheduled`` clears what the run waited for, unless `fields`
-    set it. Runs that end make the runs waiting for them due (`_wake_waiters`).
+    but keeps the token, so a retried write can tell that it had landed.
+    What the run waited for is cleared, unless `fields` set it (a park).
+    Runs that end make the runs waiting for them due (`_wake_waiters`).
     """
     if (from_status, to_status) not in TRANSITIONS:
         raise ValueError(f"a run does not go from {from_status} to {to_status}")
     if from_status == RUNNING and to_status == SCHEDULED:
         fields = {"claimed_by": None, "claimed_at": None, **fields}
-    if to_status == SCHEDULED:
-        fields = {"wait_topic": None, "wait_run": None, **fields}
+    fields = {**NOT_WAITING, **fields}
     if to_status in Workflow.TERMINAL:
         fields.setdefault("completed_at", timezone.now())
     run_ids = list(run_ids)
@@ -152,9 +155,9 @@ def _wake_waiters(run_ids):
     """Make the runs parked waiting for one of `run_ids` due now. On
     PostgreSQL and SQLite a trigger does it as the runs end (migration 0013);
     MariaDB's triggers cannot write the table they fire on."""
-    now = clock.now()
-    Workflow.objects.filter(wait_run__in=run_ids, status=SCHEDULED, run_at__gt=now).update(
-        run_at=now
+    now = Value(clock.now(), output_field=DateTimeField())
+    Workflow.objects.filter(wait_run__in=run_ids, status=SCHEDULED).update(
+        run_at=Least("run_at", now), wait_run=None
     )
 
 
@@ -162,7 +165,7 @@ def _end_and_wake_on_mariadb(fence, to_status, fields):
     """The runner's final write on MariaDB: the run ends and the runs
     waiting for it become due, in one statement (a join of the table with
     itself), as the trigger does elsewhere in the same round trip."""
-    fields = {"status": to_status, "completed_at": timezone.now(), **fields}
+    fields = {"status": to_status, "completed_at": timezone.now(), **NOT_WAITING, **fields}
     assignments, params = [], []
     for name, value in fields.items():
         field = Workflow._meta.get_field(name)
@@ -172,7 +175,7 @@ def _end_and_wake_on_mariadb(fence, to_status, fields):
     statement = (
         "UPDATE everystep_workflow r LEFT JOIN everystep_workflow w "
         "ON w.wait_run = r.id AND w.status = 'scheduled' "
-        f"SET {', '.join(assignments)}, w.run_at = LEAST(w.run_at, %s) "
+        f"SET {', '.join(assignments)}, w.run_at = LEAST(w.run_at, %s), w.wait_run = NULL "
         "WHERE r.id = %s AND r.status = 'running' AND r.claim_token = %s"
     )
     db = sql.thread_connection()
@@ -196,7 +199,7 @@ def park(fence, until, *, topic=None, awaited=None):
     now = clock.now()
     with transaction.atomic():
         if awaited is not None and ended_status(awaited, lock=True) is not None:
-            until = now
+            until, awaited = now, None  # it has ended: due at once, waiting for nothing
         moved = transition(
             [fence.run_id],
             RUNNING,
@@ -208,7 +211,7 @@ def park(fence, until, *, topic=None, awaited=None):
         )
         if moved and topic is not None and until > now:
             if mailbox.has_unconsumed(fence.run_id, topic):
-                Workflow.objects.filter(id=fence.run_id).update(run_at=now)
+                Workflow.objects.filter(id=fence.run_id).update(run_at=now, wait_topic=None)
     return moved == 1
 
 

@@ -5,7 +5,8 @@
   ``everystep_event``, the latest per key read.
 - A run records the run that started it (``parent_id``), and while it is
   parked in a wait, what it waits for: a topic (``wait_topic``) or a run
-  (``wait_run``), until its ``run_at``.
+  (``wait_run``), until its ``run_at``. They are cleared as the wait ends
+  (woken, claimed, cancelled), so that only the runs waiting now hold them.
 - A run that ends (completed, failed, stopped, cancelled) makes the runs
   waiting for it due at once: a trigger does it on PostgreSQL and SQLite,
   the runner's final write on MariaDB (whose triggers cannot write the table
@@ -49,30 +50,28 @@ DROP_COLUMNS = {
     ]
     for vendor in ("postgresql", "sqlite", "mysql")
 }
+# Runs by parent, the runs waiting for a run (its end wakes them) and the
+# runs waiting for a message (the waiting gauge counts them): each holds
+# only the rows where its column is set.
+_INDEXED = (("parent", "parent_id"), ("wait_run", "wait_run"), ("wait_topic", "wait_topic"))
 _PARTIAL = [
-    "CREATE INDEX IF NOT EXISTS everystep_workflow_parent "
-    "ON everystep_workflow (parent_id) WHERE parent_id IS NOT NULL",
-    "CREATE INDEX IF NOT EXISTS everystep_workflow_wait_run "
-    "ON everystep_workflow (wait_run) WHERE wait_run IS NOT NULL",
+    f"CREATE INDEX IF NOT EXISTS everystep_workflow_{name} "
+    f"ON everystep_workflow ({column}) WHERE {column} IS NOT NULL"
+    for name, column in _INDEXED
 ]
 INDEXES = {
     "postgresql": _PARTIAL,
     "sqlite": _PARTIAL,
     "mysql": [
-        "CREATE INDEX everystep_workflow_parent ON everystep_workflow (parent_id)",
-        "CREATE INDEX everystep_workflow_wait_run ON everystep_workflow (wait_run)",
+        f"CREATE INDEX everystep_workflow_{name} ON everystep_workflow ({column})"
+        for name, column in _INDEXED
     ],
 }
 DROP_INDEXES = {
-    "postgresql": [
-        f"DROP INDEX IF EXISTS everystep_workflow_{name}" for name in ("parent", "wait_run")
-    ],
-    "sqlite": [
-        f"DROP INDEX IF EXISTS everystep_workflow_{name}" for name in ("parent", "wait_run")
-    ],
+    "postgresql": [f"DROP INDEX IF EXISTS everystep_workflow_{name}" for name, _ in _INDEXED],
+    "sqlite": [f"DROP INDEX IF EXISTS everystep_workflow_{name}" for name, _ in _INDEXED],
     "mysql": [
-        f"DROP INDEX everystep_workflow_{name} ON everystep_workflow"
-        for name in ("parent", "wait_run")
+        f"DROP INDEX everystep_workflow_{name} ON everystep_workflow" for name, _ in _INDEXED
     ],
 }
 ENDED = "('completed', 'failed', 'stopped', 'cancelled')"
@@ -90,8 +89,8 @@ TRIGGERS = {
         f"""
         CREATE OR REPLACE FUNCTION everystep_run_ended() RETURNS trigger AS $$
         BEGIN
-            UPDATE everystep_workflow SET run_at = now()
-             WHERE wait_run = NEW.id AND status = 'scheduled' AND run_at > now();
+            UPDATE everystep_workflow SET run_at = LEAST(run_at, now()), wait_run = NULL
+             WHERE wait_run = NEW.id AND status = 'scheduled';
             PERFORM pg_notify('everystep_ended', NEW.id::text);
             RETURN NULL;
         END;
@@ -109,9 +108,9 @@ TRIGGERS = {
             AFTER UPDATE OF status ON everystep_workflow
             FOR EACH ROW WHEN NEW.status IN {ENDED} AND OLD.status <> NEW.status
         BEGIN
-            UPDATE everystep_workflow SET run_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
-             WHERE wait_run = NEW.id AND status = 'scheduled'
-               AND run_at > strftime('%Y-%m-%d %H:%M:%f', 'now');
+            UPDATE everystep_workflow
+               SET run_at = MIN(run_at, strftime('%Y-%m-%d %H:%M:%f', 'now')), wait_run = NULL
+             WHERE wait_run = NEW.id AND status = 'scheduled';
         END
         """,
     ],
