@@ -7,14 +7,17 @@ from everystep.core import registry
 from everystep.models import Workflow
 
 
+RUN_TABLES = ("everystep_step", "everystep_message", "everystep_event", "everystep_workflow")
+
+
 def clear_runs():
-    """Remove every run and step."""
+    """Remove every run, with its steps, messages and events."""
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute("TRUNCATE everystep_step, everystep_workflow")
+            cursor.execute(f"TRUNCATE {', '.join(RUN_TABLES)}")
         else:
-            cursor.execute("DELETE FROM everystep_step")
-            cursor.execute("DELETE FROM everystep_workflow")
+            for table in RUN_TABLES:
+                cursor.execute(f"DELETE FROM {table}")
 
 
 def schedule_many(workflow, count, args=()):
