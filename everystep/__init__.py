@@ -29,6 +29,7 @@ _NAMES = {
     "schedule": "everystep.api",
     "aschedule": "everystep.api",
     "sleep": "everystep.api",
+    "patched": "everystep.api",
     "send": "everystep.api",
     "receive": "everystep.api",
     "set_event": "everystep.api",

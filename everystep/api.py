@@ -1,5 +1,5 @@
 """The public surface: `workflow`, `step`, `parallel`, `schedule`, `sleep`,
-and the waits of §15: `send` and `receive`, `set_event` and `get_event`,
+`patched`, and the waits of §15: `send` and `receive`, `set_event` and `get_event`,
 `start` and `RunHandle`, `result` and `aresult`.
 
 Outside a running workflow every decorated function is a plain function;
@@ -291,6 +291,31 @@ def sleep(duration, everystep_id=None):
 
     steps.refuse_inside_transaction("sleep()")
     steps.sleep(ctx, ctx.next_step_id(everystep_id), seconds)
+
+
+def patched(name):
+    """Whether the running workflow takes the code behind this patch: True
+    on a run that reaches this point for the first time (a marker is
+    recorded, so its replays agree), False on a run whose recorded steps
+    already went past this point without it, so that it replays the path it
+    took::
+
+        if everystep.patched("fee"):
+            charge_fee(order)     # runs started before the deploy skip it
+        ship(order)
+
+    The marker moves no step position: once no run in flight predates the
+    patch, the call can go and its branch stay. Outside a workflow body, and
+    inside a step's function, it is True (the code as it is). `EverystepError`
+    for a name that is not a step's name (letters, digits, ``_``, ``-``).
+    """
+    ids.check_name(name, "a patch name", max_length=200)
+    ctx = _recording_context()
+    if ctx is None:
+        return True
+    from everystep.engine import steps
+
+    return steps.patched(ctx, name)
 
 
 def send(run_id, topic, payload=None, idempotency_key=None, *, everystep_id=None):

@@ -177,7 +177,7 @@ def test_a_step_where_a_sleep_was_recorded_is_a_code_change(moved_clock):
     assert attempt() == Workflow.Status.FAILED
     run.refresh_from_db()
     assert run.error["type"] == f"{WorkflowCodeError.__module__}.WorkflowCodeError"
-    assert "now sleeps there" in run.error["message"]
+    assert "now calls everystep.sleep there" in run.error["message"]
 
 
 def test_outside_a_workflow_and_inside_a_step_sleep_is_time_sleep(calls):

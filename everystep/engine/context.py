@@ -127,6 +127,10 @@ class Context:
             )
         return step_id
 
+    def peek_step_id(self):
+        """The id the next unnamed call in this scope will take, not taken."""
+        return f"{self.prefix}{self._counter + 1}"
+
     def child(self, fork_id, index):
         """The context of branch `index` of the fork `fork_id`: a new scope
         sharing this run's state."""

@@ -43,12 +43,7 @@ def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, policy=No
     row = None  # the status of this step's row, when one is to be updated in place
     last_error = None  # the error of the last failed call that was retried (JSON text)
     if recorded is not None:
-        if recorded["name"] != name:
-            raise WorkflowCodeError(
-                f"run {run.fence.run_id} recorded step {step_id} as {recorded['name']}, "
-                f"but the workflow now calls {name} there: its code changed under a run "
-                f"in flight"
-            )
+        check_recorded_as(run, step_id, recorded, name)
         if recorded["status"] == Step.Status.DONE:
             return recorded["result"]
         if recorded["status"] == Step.Status.FAILED:
@@ -252,11 +247,7 @@ def sleep(ctx, step_id, seconds):
     the same wake time."""
     run = ctx.run
     recorded = run.outcomes.get(step_id)
-    if recorded is not None and recorded["name"] != SLEEP:
-        raise WorkflowCodeError(
-            f"run {run.fence.run_id} recorded step {step_id} as {recorded['name']}, "
-            f"but the workflow now sleeps there: its code changed under a run in flight"
-        )
+    check_recorded_as(run, step_id, recorded, SLEEP)
     if recorded is None:
         started = clock.now()
         wake_at = started + datetime.timedelta(seconds=seconds)
@@ -270,6 +261,55 @@ def sleep(ctx, step_id, seconds):
     wake_at = recorded["result"]
     if clock.now() < wake_at:
         raise Sleeping(run.fence.run_id, step_id, wake_at)
+
+
+def check_recorded_as(run, step_id, recorded, name):
+    """`WorkflowCodeError` when the record at `step_id` (if any) is not of a
+    `name` step: the workflow's code changed under the run, and says where."""
+    if recorded is not None and recorded["name"] != name:
+        raise WorkflowCodeError(
+            f"run {run.fence.run_id} recorded step {step_id} as {recorded['name']}, but the "
+            f"workflow now calls {name} there: its code changed under a run in flight; put new "
+            f'code behind `if everystep.patched("a-name"):` so that runs in flight replay the '
+            f"old path"
+        )
+
+
+#: The name a patch's marker is recorded under (`patched`).
+PATCHED = "everystep.patched"
+
+
+def patched(ctx, name):
+    """Whether this run takes the code behind ``everystep.patched(name)``
+    at this point: True on a run that reaches it for the first time (a
+    marker is recorded under the id ``patched:NAME`` of this scope, which
+    moves no position), and on every replay of such a run; False on a run
+    whose recorded steps already went past this point without it — its
+    next step by position, or a fork there, is recorded — so that it
+    replays the path it took."""
+    run = ctx.run
+    marker = f"{ctx.prefix}patched:{name}"
+    recorded = run.outcomes.get(marker)
+    check_recorded_as(run, marker, recorded, PATCHED)
+    if recorded is not None:
+        return True
+    following = ctx.peek_step_id()
+    if any(step_id == following or step_id.startswith(f"{following}.") for step_id in run.outcomes):
+        return False
+    stop_if_cancel_asked(run)
+    refuse_inside_transaction("patched()")
+    step = {"step_id": marker, "name": PATCHED, "started_at": clock.now()}
+    step["args"] = serde.dumps(serde.to_json([name]))
+    step["kwargs"] = serde.dumps({})
+    record(run, step, Step.Status.DONE, serde.dumps(True), None)
+    run.outcomes[marker] = {
+        "name": PATCHED,
+        "status": Step.Status.DONE,
+        "result": True,
+        "error": None,
+    }
+    stop_if_cancel_asked(run)
+    return True
 
 
 def refuse_inside_transaction(what):

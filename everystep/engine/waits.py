@@ -26,12 +26,13 @@ from everystep.core import clock, serde
 from everystep.db import mailbox, runs
 from everystep.engine import records, runner
 from everystep.engine.steps import (
+    check_recorded_as,
     record,
     refuse_inside_transaction,
     run_step,
     stop_if_cancel_asked,
 )
-from everystep.errors import EverystepError, Waiting, WorkflowCodeError
+from everystep.errors import EverystepError, Waiting
 from everystep.models import Step, Workflow
 
 RECEIVE = "everystep.receive"
@@ -236,11 +237,7 @@ def _new_step(run, what):
 def _recorded(run, step_id, name):
     """The record at `step_id`, if any, checked to be a `name` step."""
     recorded = run.outcomes.get(step_id)
-    if recorded is not None and recorded["name"] != name:
-        raise WorkflowCodeError(
-            f"run {run.fence.run_id} recorded step {step_id} as {recorded['name']}, "
-            f"but the workflow now calls {name} there: its code changed under a run in flight"
-        )
+    check_recorded_as(run, step_id, recorded, name)
     return recorded
 
 
