@@ -1,5 +1,5 @@
 """What an operator does to runs: cancel, retry, resolve a blocked step,
-requeue a lost worker's runs, send a run a message.
+requeue a lost worker's runs, send a run a message, prune finished runs.
 
 Every front end — the command line, ``manage.py`` and the operator UI —
 calls these, so each refuses the same things in the same words
@@ -31,12 +31,13 @@ ids with `everystep.core.ids.parse_run_id`, and its statements are
 """
 
 import contextlib
+import datetime
 
 from django.db import transaction
 
 from everystep.core import clock, command_names, serde
 from everystep.core.ids import parse_run_id
-from everystep.db import mailbox, runs, steps
+from everystep.db import mailbox, retention, runs, steps
 from everystep.db.namelock import name_lock
 from everystep.errors import Cancelled, EverystepError, StepFailure
 from everystep.models import Step, Workflow
@@ -115,6 +116,39 @@ def send(run_id, topic, payload=None, idempotency_key=None):
     payload, or a run that does not exist or has ended."""
     run_id = mailbox.check(run_id, topic, payload, idempotency_key)
     mailbox.send(run_id, topic, payload, idempotency_key)
+
+
+#: What `prune` deletes unless told: the runs that ended as they should.
+PRUNED_BY_DEFAULT = (Status.COMPLETED, Status.STOPPED, Status.CANCELLED)
+#: What it may be told to delete too: a failed or blocked run is kept for an
+#: operator unless named.
+PRUNABLE = (*PRUNED_BY_DEFAULT, Status.FAILED, Status.BLOCKED)
+
+
+def prune(older_than, statuses=None, workflow=None, *, dry_run=False, progress=None):
+    """Delete the runs that ended more than `older_than` seconds ago in one
+    of `statuses` (by default completed, stopped and cancelled), of the
+    workflow `workflow` if given, with their steps, messages and events, a
+    batch at a time (`everystep.db.retention`); `progress(deleted)` is
+    called after each batch. Returns how many runs were (with `dry_run`:
+    would be) deleted. `EverystepError` for a duration that is not more
+    than 0 or a status that is not a finished one."""
+    if not older_than > 0:
+        raise EverystepError("--older-than must be more than 0: a run that just ended is kept")
+    statuses = tuple(statuses or PRUNED_BY_DEFAULT)
+    for status in statuses:
+        if status not in PRUNABLE:
+            known = ", ".join(PRUNABLE)
+            raise EverystepError(f"status {status!r} is not a finished run's: prune takes {known}")
+    before = clock.now() - datetime.timedelta(seconds=older_than)
+    if dry_run:
+        return retention.count(before, statuses, workflow)
+    deleted = 0
+    while batch := retention.delete_batch(before, statuses, workflow):
+        deleted += batch
+        if progress is not None:
+            progress(deleted)
+    return deleted
 
 
 @contextlib.contextmanager

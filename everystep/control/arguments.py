@@ -67,6 +67,26 @@ def _send(parser):
     )
 
 
+def _prune(parser):
+    parser.add_argument(
+        "--older-than",
+        metavar="DURATION",
+        required=True,
+        help="runs that ended longer ago than this: 30d, 12h, 90m",
+    )
+    parser.add_argument(
+        "--status",
+        metavar="STATUS[,STATUS]",
+        help="completed, stopped, cancelled (the default), failed, blocked",
+    )
+    parser.add_argument(
+        "--workflow", metavar="NAME", help="runs of this workflow only (module.function)"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="count the runs it would delete; delete none"
+    )
+
+
 MAX_LIMIT = 10_000  # rows `runs` lists at most
 
 
@@ -150,6 +170,14 @@ COMMANDS = {
             "topic takes it, and a run parked in such a receive is woken. Refused for a run "
             "that has ended.",
             _send,
+        ),
+        Command(
+            "prune",
+            "delete finished runs older than a duration, with their steps and messages",
+            "Delete the runs that ended longer ago than --older-than, with their steps, messages "
+            "and events, a batch of at most 1,000 rows per transaction. Completed, stopped and "
+            "cancelled runs by default; failed and blocked ones only when --status names them.",
+            _prune,
         ),
         Command(
             "runs",
