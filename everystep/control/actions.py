@@ -31,13 +31,14 @@ ids with `everystep.core.ids.parse_run_id`, and its statements are
 """
 
 import contextlib
+import dataclasses
 import datetime
 
 from django.db import transaction
 
 from everystep.core import clock, command_names, serde
 from everystep.core.ids import parse_run_id
-from everystep.db import mailbox, retention, runs, steps
+from everystep.db import mailbox, reads, retention, runs, steps
 from everystep.db.namelock import name_lock
 from everystep.errors import Cancelled, EverystepError, StepFailure
 from everystep.models import Step, Workflow
@@ -116,6 +117,73 @@ def send(run_id, topic, payload=None, idempotency_key=None):
     payload, or a run that does not exist or has ended."""
     run_id = mailbox.check(run_id, topic, payload, idempotency_key)
     mailbox.send(run_id, topic, payload, idempotency_key)
+
+
+CANCELLABLE = (Status.SCHEDULED, Status.RUNNING, Status.BLOCKED)
+#: Runs a bulk action reads at a time.
+BULK_PAGE = 500
+
+
+def cancel_matching(run_filter, reason=None, *, dry_run=False):
+    """Cancel every run `run_filter` (a `reads.RunFilter`) selects, one by
+    one as `cancel` does (a running run is asked to stop at its next step
+    boundary), and the runs they started. Without a status in the filter:
+    every scheduled, running and blocked run it selects. Returns ``[(run
+    id, status)]``: ``cancelled`` or ``running`` (asked), or the status
+    each has now with `dry_run`; a run that ended meanwhile is left out."""
+    statuses = _bulk_statuses(run_filter, CANCELLABLE, "cancelled")
+    done = []
+    for run_id, status in _selected(run_filter, statuses):
+        if dry_run:
+            done.append((run_id, status))
+            continue
+        try:
+            done.append((run_id, cancel(run_id, reason)))
+        except EverystepError:
+            continue  # it ended meanwhile
+    return done
+
+
+def retry_matching(run_filter, *, dry_run=False):
+    """Retry every failed run `run_filter` selects, one by one as `retry`
+    does. Returns ``[(run id, status)]`` of the runs retried (``scheduled``)
+    or, with `dry_run`, that would be."""
+    done = []
+    for run_id, status in _selected(
+        run_filter, _bulk_statuses(run_filter, [Status.FAILED], "retried")
+    ):
+        if dry_run:
+            done.append((run_id, status))
+            continue
+        try:
+            done.append((run_id, retry(run_id)))
+        except EverystepError:
+            continue  # retried or changed meanwhile
+    return done
+
+
+def _bulk_statuses(run_filter, allowed, verb):
+    if run_filter.status is None:
+        return list(allowed)
+    if run_filter.status not in allowed:
+        raise EverystepError(
+            f"a {run_filter.status} run is not {verb}: only {', '.join(allowed)} runs are"
+        )
+    return [run_filter.status]
+
+
+def _selected(run_filter, statuses):
+    """``(run id, status)`` of the runs the filter selects in `statuses`,
+    read a page at a time, newest first."""
+    for status in statuses:
+        page_filter = dataclasses.replace(run_filter, status=status)
+        cursor = None
+        while True:
+            page = reads.runs_page(page_filter, cursor, size=BULK_PAGE)
+            yield from ((run.id, run.status) for run in page.runs)
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
 
 
 #: What `prune` deletes unless told: the runs that ended as they should.

@@ -48,12 +48,36 @@ def _requeue(parser):
 
 
 def _cancel(parser):
-    parser.add_argument("run_id", metavar="RUN_ID", help="the run to cancel")
+    parser.add_argument("run_id", metavar="RUN_ID", nargs="?", help="the run to cancel")
     parser.add_argument("--reason", help="why, kept as the run's error")
+    _bulk(parser, "scheduled, running or blocked (default: all three)")
 
 
 def _retry(parser):
-    parser.add_argument("run_id", metavar="RUN_ID", help="the failed run to schedule again")
+    parser.add_argument(
+        "run_id", metavar="RUN_ID", nargs="?", help="the failed run to schedule again"
+    )
+    _bulk(parser, "failed (the only status a run is retried from)")
+
+
+def _bulk(parser, statuses):
+    """The filters of a bulk cancel or retry, instead of a run id."""
+    bulk = parser.add_argument_group("many runs at once, instead of a RUN_ID")
+    bulk.add_argument("--status", help=statuses)
+    bulk.add_argument("--workflow", metavar="NAME", help="runs of this workflow (module.function)")
+    bulk.add_argument("--queue", metavar="NAME", help="runs of this queue")
+    bulk.add_argument(
+        "--since", metavar="TIME", help="created since TIME (ISO 8601) or a duration ago (2h)"
+    )
+    bulk.add_argument(
+        "--until", metavar="TIME", help="created before TIME (ISO 8601) or a duration ago"
+    )
+    bulk.add_argument(
+        "--all", action="store_true", help="every run it can change: no filter, said explicitly"
+    )
+    bulk.add_argument(
+        "--dry-run", action="store_true", help="print the runs it would change; change none"
+    )
 
 
 def _send(parser):
@@ -153,14 +177,16 @@ COMMANDS = {
             "cancel",
             "cancel a run: scheduled or blocked at once, running at its next step boundary",
             "Cancel a run: a scheduled or blocked one at once, a running one at its next "
-            "step boundary (the step in flight is recorded, no further step starts).",
+            "step boundary (the step in flight is recorded, no further step starts). With "
+            "filters instead of a run id (or --all), every run they select, one by one.",
             _cancel,
         ),
         Command(
             "retry",
             "schedule a failed run again: done steps replay, failed ones run again",
             "Retry a failed run: it is scheduled again; its done steps are served from the "
-            "record and its failed steps run again.",
+            "record and its failed steps run again. With filters instead of a run id (or "
+            "--all), every failed run they select.",
             _retry,
         ),
         Command(

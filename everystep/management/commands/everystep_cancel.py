@@ -3,6 +3,7 @@ from django.core.management.base import BaseCommand, CommandError
 from everystep.control import actions
 from everystep.control.arguments import COMMANDS
 from everystep.errors import EverystepError
+from everystep.management import bulk
 from everystep.models import Workflow
 
 COMMAND = COMMANDS["cancel"]
@@ -15,7 +16,12 @@ class Command(BaseCommand):
         COMMAND.add_arguments(parser)
 
     def handle(self, run_id, reason, **options):
+        run_filter = bulk.selected({"run_id": run_id, **options})
         try:
+            if run_filter is not None:
+                done = actions.cancel_matching(run_filter, reason, dry_run=options["dry_run"])
+                bulk.report(self, done, options["dry_run"], "cancelled or asked to stop")
+                return
             status = actions.cancel(run_id, reason)
         except EverystepError as exc:
             raise CommandError(str(exc), returncode=2) from None

@@ -3,6 +3,7 @@ from django.core.management.base import BaseCommand, CommandError
 from everystep.control import actions
 from everystep.control.arguments import COMMANDS
 from everystep.errors import EverystepError
+from everystep.management import bulk
 
 COMMAND = COMMANDS["retry"]
 
@@ -14,7 +15,12 @@ class Command(BaseCommand):
         COMMAND.add_arguments(parser)
 
     def handle(self, run_id, **options):
+        run_filter = bulk.selected({"run_id": run_id, **options})
         try:
+            if run_filter is not None:
+                done = actions.retry_matching(run_filter, dry_run=options["dry_run"])
+                bulk.report(self, done, options["dry_run"], "scheduled again")
+                return
             actions.retry(run_id)
         except EverystepError as exc:
             raise CommandError(str(exc), returncode=2) from None

@@ -2,16 +2,13 @@
 page filters them (`reads.RunFilter`), as lines or as the JSON of its
 ``api/runs``. ``everystep runs`` runs this command, so both print the same."""
 
-import datetime
-
 from django.core.management.base import BaseCommand, CommandError
 
 from everystep.control.arguments import COMMANDS
-from everystep.core import clock, registry
 from everystep.core.serde import readable_json
 from everystep.db import reads
 from everystep.errors import EverystepError
-from everystep.ui import filters
+from everystep.management import selection
 
 COMMAND = COMMANDS["runs"]
 
@@ -24,14 +21,7 @@ class Command(BaseCommand):
 
     def handle(self, **options):
         try:
-            run_filter = reads.RunFilter(
-                status=options["status"],
-                workflow=_workflow_name(options["workflow"]),
-                worker=options["worker"],
-                queue=options["queue"],
-                created_after=_since(options["since"]) if options["since"] else None,
-                waiting=options["waiting"],
-            )
+            run_filter = selection.run_filter(options)
             rows = reads.runs_page(run_filter, size=options["limit"]).runs
         except EverystepError as exc:
             raise CommandError(str(exc), returncode=2) from None
@@ -45,33 +35,3 @@ class Command(BaseCommand):
                 + (f"  by {run.claimed_by}" if run.claimed_by else "")
                 + (f"  waits for {waits}" if (waits := reads.waits_for(run)) else "")
             )
-
-
-def _workflow_name(name):
-    """``--workflow``: a qualified name as given (a workflow no longer
-    deployed has runs too), or a function name as `schedule` takes it."""
-    if name is None or "." in name:
-        return name
-    try:
-        return registry.find(name)
-    except LookupError as exc:
-        raise EverystepError(
-            f"--workflow {name!r}: {exc}; give the qualified name, module.function, of a "
-            f"workflow not registered here"
-        ) from None
-
-
-def _since(text):
-    """``--since``: an ISO 8601 time (UTC without a zone), as the UI's
-    filters read one, or a duration back from now (``90m``, ``2h``)."""
-    try:
-        return filters.moment("--since", text)
-    except EverystepError:
-        pass
-    try:
-        return clock.now() - datetime.timedelta(seconds=clock.parse_duration(text))
-    except EverystepError:
-        raise EverystepError(
-            f"--since {text!r} is neither a time (2026-12-03T14:30, UTC unless it gives a zone) "
-            f"nor a duration back from now (90m, 2h, 1d)"
-        ) from None
