@@ -80,6 +80,8 @@ class Workflow(models.Model):
     #: While ``scheduled`` in a wait for a run's result: that run, until
     #: ``run_at``. Its end makes this run due.
     wait_run = models.UUIDField(null=True, blank=True)
+    #: The run this one was forked from (`everystep fork`).
+    origin_id = models.UUIDField(null=True, blank=True)
 
     class Meta:
         db_table = "everystep_workflow"

@@ -44,3 +44,21 @@ def deploy_the_fee():
 
 def roll_back():
     registry.register(checkout, name=checkout.__everystep_workflow__)
+
+
+#: Set by a test: the bug the deploy fixes.
+BROKEN = {"label": True}
+
+
+@step
+def label(order):
+    CALLS.append(("label", order))
+    if BROKEN["label"]:
+        raise ValueError("the label printer's code has a bug")
+    return f"label for {order}"
+
+
+@workflow
+def dispatch(order):
+    """Ship, then print the label: broken until the fix is deployed."""
+    return [ship(order), label(order)]

@@ -321,3 +321,23 @@ def test_a_waiting_run_is_sent_a_message_by_clicking_and_a_parent_links_its_chil
     link.click()
     wait_for(operator, lambda d: str(child.id) in d.current_url, message="the child's page")
     no_console_errors(operator)
+
+
+def test_a_failed_run_is_forked_by_clicking_and_the_fork_names_its_origin(operator, live_server):
+    from tests import patch_workflows
+    from tests.helpers import attempt
+
+    patch_workflows.BROKEN["label"] = True
+    run = schedule(patch_workflows.dispatch, "G")
+    assert attempt() == "failed"
+    operator.get(f"{live_server.url}/everystep/run/{run.id}")
+    chosen = operator.find_element(By.CSS_SELECTOR, "select[name=from_step] option:checked")
+    assert chosen.get_attribute("value") == "2"  # the failed step, by default
+    screenshot(operator, "ui-run-fork")
+    operator.find_element(By.NAME, "fork").click()
+    wait_for(operator, lambda d: "notice=forked" in d.current_url, message="the fork's page")
+    forked = Workflow.objects.get(origin_id=run.id)
+    assert str(forked.id) in operator.current_url
+    assert operator.find_element(By.ID, "run-origin").text == str(run.id)
+    screenshot(operator, "ui-run-forked")
+    no_console_errors(operator)

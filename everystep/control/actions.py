@@ -1,5 +1,6 @@
 """What an operator does to runs: cancel, retry, resolve a blocked step,
-requeue a lost worker's runs, send a run a message, prune finished runs.
+requeue a lost worker's runs, send a run a message, prune finished runs,
+fork a run from one of its steps.
 
 Every front end — the command line, ``manage.py`` and the operator UI —
 calls these, so each refuses the same things in the same words
@@ -184,6 +185,24 @@ def _selected(run_filter, statuses):
             if page.next_cursor is None:
                 break
             cursor = page.next_cursor
+
+
+def fork(run_id, from_step):
+    """Start a new run of the run `run_id`'s workflow with its arguments,
+    its queue and priority, whose recorded steps before `from_step` (in the
+    order they were recorded, a fork's branches included) are copied done
+    or failed as they were: it resumes from `from_step` on the code
+    deployed now. The new run names its origin. Returns its id.
+
+    `EverystepError` for a running run (it may still record steps), and for
+    a step it never recorded (the message lists those it did)."""
+    with _locked(run_id) as run:
+        if run.status == Status.RUNNING:
+            raise EverystepError(
+                f"run {run.id} is running and may still record steps: fork it once it has "
+                f"ended, or cancel it first"
+            )
+        return runs.fork(run, from_step)
 
 
 #: What `prune` deletes unless told: the runs that ended as they should.

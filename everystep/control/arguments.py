@@ -91,6 +91,16 @@ def _send(parser):
     )
 
 
+def _fork(parser):
+    parser.add_argument("run_id", metavar="RUN_ID", help="the run to fork")
+    parser.add_argument(
+        "--from-step",
+        metavar="STEP_ID",
+        required=True,
+        help="the first step the new run runs again; those recorded before it are copied",
+    )
+
+
 def _prune(parser):
     parser.add_argument(
         "--older-than",
@@ -196,6 +206,14 @@ COMMANDS = {
             "topic takes it, and a run parked in such a receive is woken. Refused for a run "
             "that has ended.",
             _send,
+        ),
+        Command(
+            "fork",
+            "start a run again from one of its steps, on the code deployed now",
+            "Start a new run with a finished run's arguments whose steps recorded before "
+            "--from-step are copied, so that a run broken by a bug resumes on fixed code from "
+            "where it went wrong. The new run names its origin; a running run is refused.",
+            _fork,
         ),
         Command(
             "prune",

@@ -230,6 +230,7 @@ def run_fields(run):
         "claimed_at": run.claimed_at,
         "completed_at": run.completed_at,
         "parent_id": run.parent_id,
+        "origin_id": run.origin_id,
         "waits_for": waits_for(run),
     }
 
@@ -261,6 +262,13 @@ def children(run_id):
     `MAX_CHILDREN`: ``[{"id", "name", "status"}]``."""
     rows = Workflow.objects.filter(parent_id=run_id).order_by("id")[:MAX_CHILDREN]
     return list(rows.values("id", "name", "status"))
+
+
+def forks(run_id):
+    """The runs forked from the run `run_id` (`everystep fork`), oldest
+    first, at most `MAX_CHILDREN`: ``[{"id", "status"}]``."""
+    rows = Workflow.objects.filter(origin_id=run_id).order_by("id")[:MAX_CHILDREN]
+    return list(rows.values("id", "status"))
 
 
 def step_fields(step):

@@ -17,7 +17,7 @@ from django.utils import timezone
 from everystep.core import clock, registry, serde
 from everystep.db import mailbox, sql
 from everystep.errors import Cancelled, EverystepError
-from everystep.models import Workflow
+from everystep.models import Step, Workflow
 
 RUNNING = Workflow.Status.RUNNING
 SCHEDULED = Workflow.Status.SCHEDULED
@@ -37,10 +37,12 @@ def insert_run(
     priority=None,
     concurrency_key=None,
     parent_id=None,
+    origin_id=None,
 ):
     """Insert a scheduled run, due at `run_at` (default: now), in `queue`
     at `priority` (default: the workflow's, `registry.placement`), started
-    by the run `parent_id` if given, in the current transaction; one INSERT.
+    by the run `parent_id` (forked from the run `origin_id`) if given, in
+    the current transaction; one INSERT.
 
     With an idempotency key the INSERT ignores a conflict on (name, key) and
     the run holding the key is read back, so concurrent callers all get the
@@ -59,6 +61,7 @@ def insert_run(
         priority=default_priority if priority is None else priority,
         concurrency_key=concurrency_key,
         parent_id=parent_id,
+        origin_id=origin_id,
     )
     if idempotency_key is None:
         run.save(force_insert=True)
@@ -341,3 +344,51 @@ def outcome(run_id):
     if status == Workflow.Status.CANCELLED and error is None:
         error = serde.encode_exception(Cancelled(f"run {run_id} was cancelled"))
     return status, result, error
+
+
+def fork(run, from_step):
+    """A copy of the run `run` (a locked `Workflow` row), scheduled now,
+    with the done and failed records of the steps recorded before
+    `from_step`; its id. `EverystepError` listing the recorded step ids
+    when `from_step` is not one of them."""
+    recorded = list(Step.objects.filter(workflow_id=run.id).order_by("id"))
+    ids = [step.step_id for step in recorded]
+    if from_step not in ids:
+        listed = ", ".join(ids) if ids else "none"
+        raise EverystepError(
+            f"run {run.id} never recorded step {from_step}: its recorded steps are {listed}"
+        )
+    copy = insert_run(
+        run.name,
+        run.args,
+        trace_context=run.trace_context,
+        queue=run.queue,
+        priority=run.priority,
+        concurrency_key=run.concurrency_key,
+        origin_id=run.id,
+    )
+    kept = (Step.Status.DONE, Step.Status.FAILED)
+    Step.objects.bulk_create(
+        Step(
+            workflow_id=copy.id,
+            **{field: getattr(step, field) for field in COPIED_STEP_FIELDS},
+        )
+        for step in recorded[: ids.index(from_step)]
+        if step.status in kept
+    )
+    return copy.id
+
+
+#: What a forked run keeps of each step it copies.
+COPIED_STEP_FIELDS = (
+    "step_id",
+    "name",
+    "args",
+    "kwargs",
+    "status",
+    "result",
+    "error",
+    "started_at",
+    "finished_at",
+    "attempts",
+)

@@ -73,6 +73,7 @@ def run(run_id, page=1):
         "error": found.error,
         "waiting_for": queue_table.waiting_for(found),
         "children": reads.children(found.id),
+        "forks": reads.forks(found.id),
         "messages": mailbox.messages(found.id),
         "events": mailbox.event_values(found.id),
         "steps": [{**reads.step_fields(step), "seconds": _seconds(step)} for step in shown],

@@ -35,6 +35,8 @@ NOTICES = {
     "cancelling": "Asked to cancel: the run stops at its next step boundary.",
     "retried": "Retried: the run is scheduled again; its done steps will replay.",
     "requeued": "Requeued: any worker may now resume those runs.",
+    "sent": "Sent: the message waits in the run's mailbox for a receive() of its topic.",
+    "forked": "Forked: this new run resumes from that step on the code deployed now.",
 }
 
 
@@ -110,6 +112,7 @@ def _run_context(data, page=1, **extra):
         else [],
         "may_cancel": found.status in CANCELLABLE,
         "may_send": found.status not in Workflow.ENDED,
+        "may_fork": found.status != Workflow.Status.RUNNING and bool(steps),
         "may_retry": found.status == Workflow.Status.FAILED,
         "stream_query": _stream_query("run", {"id": str(found.id), "page": page}, data),
         **extra,
@@ -215,6 +218,24 @@ def send(request, run_id):
         return _refused(request, run_id, str(exc), 409)
     access.acted(request, "send", f"run {run_id}: message on {topic} sent", run_id=str(run_id))
     return _back(reverse("everystep:run", args=[run_id]), "sent")
+
+
+@access.actor
+@transaction.non_atomic_requests
+def fork(request, run_id):
+    """Start a new run from one of this run's steps; its page next."""
+    from_step = request.POST.get("from_step", "").strip()
+    try:
+        forked = actions.fork(run_id, from_step)
+    except EverystepError as exc:
+        return _refused(request, run_id, str(exc), 409)
+    access.acted(
+        request,
+        "fork",
+        f"run {run_id}: forked from step {from_step} as {forked}",
+        run_id=str(run_id),
+    )
+    return _back(reverse("everystep:run", args=[forked]), "forked")
 
 
 class BadForm(EverystepError):
