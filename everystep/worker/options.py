@@ -62,6 +62,20 @@ def _boolean(value):
     raise ValueError("is not a boolean: use true or false")
 
 
+def _retention(value):
+    """A retention: a duration (``30d``, ``12h``, or seconds), more than 0."""
+    from everystep.core import clock
+    from everystep.errors import EverystepError
+
+    try:
+        seconds = value if isinstance(value, int | float) else clock.parse_duration(str(value))
+    except EverystepError:
+        raise ValueError("is not a duration: write it as 30d, 12h or 90m") from None
+    if not seconds > 0:
+        raise ValueError("must be more than 0")
+    return float(seconds)
+
+
 def port_number(value):
     """`value` as a TCP port number (None stays None); `ValueError` saying
     what is wrong otherwise. Every port option and variable reads it."""
@@ -213,6 +227,14 @@ OPTIONS = (
         "beside the worker); 0 refuses to start while any is pending",
     ),
     Option(
+        "retention",
+        "--retention",
+        "EVERYSTEP_RETENTION",
+        _retention,
+        "delete the runs that ended longer ago than this (30d), once an hour, one worker at a "
+        "time (off when unset)",
+    ),
+    Option(
         "metrics_port",
         "--metrics-port",
         "EVERYSTEP_METRICS_PORT",
@@ -243,6 +265,7 @@ class WorkerOptions:
     notify: bool = True
     db_deadline: float = 10.0
     wait_for_migrations: float = 0.0
+    retention: float | None = None
     metrics_port: int | None = None
     metrics_bind: str = "0.0.0.0"
 

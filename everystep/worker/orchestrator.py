@@ -14,7 +14,8 @@ name — left ``running`` by a process that died — and replays them.
 the claim turn (`claimer`), the pool that executes and reaps (`pool`), the
 wake-ups (`wakeup`), the state it shows (`presence`), the hold on its name
 (`nameguard`), the stop and its drain (`shutdown`), its background threads
-(`loops`) and the setup of its process (`process`).
+(`loops`), its pruning of old runs (`retention`) and the setup of its
+process (`process`).
 """
 
 import dataclasses
@@ -38,6 +39,7 @@ from everystep.worker.nameguard import NameGuard
 from everystep.worker.options import WorkerOptions
 from everystep.worker.pool import Pool
 from everystep.worker.presence import Presence
+from everystep.worker.retention import Pruner
 from everystep.worker.shutdown import Shutdown
 from everystep.worker.wakeup import Wakeup
 
@@ -66,6 +68,8 @@ class Worker:
         self._presence = Presence(self.options, self._pool)
         self._guard = NameGuard(self.name, self._presence.heartbeat, self._wakeup.set)
         self._claimer = Claimer(self.options, self._pool, self._guard, self._presence)
+        retention = self.options.retention
+        self._pruner = Pruner(retention) if retention is not None else None
 
     @property
     def abandoned(self):
@@ -117,6 +121,8 @@ class Worker:
             listening = self._wakeup.listen(self._loops)
             self._pool.start(self._loops)
             self._guard.start(self._loops)
+            if self._pruner is not None:
+                self._loops.start("pruner", self._pruner.run)
             if self._claimer.catching_up:
                 self._wait(self._turn())
             self._presence.ready = True
@@ -129,6 +135,8 @@ class Worker:
             self._shutdown.drain(self._pool, self._presence, self._wakeup)
         finally:
             self._wakeup.stop()
+            if self._pruner is not None:
+                self._pruner.stop()
             self._presence.report(WorkerRow.State.STOPPED)
             # During an outage the guard may be blocked on the lock's
             # connection: do not wait for it (the session ends with the
