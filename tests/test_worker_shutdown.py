@@ -20,9 +20,10 @@ def opened(gates, label):
 
 
 def started(gates, label):
-    return wait_until(
-        lambda: (gates / f"{label}.started").exists(), message=f"gate {label} reached"
-    )
+    """Wait until the gate's mark is written: not only its file made, which
+    a kill between the two would leave empty."""
+    mark = gates / f"{label}.started"
+    return wait_until(lambda: mark.exists() and mark.read_text(), message=f"gate {label} reached")
 
 
 def test_sigterm_mid_step_records_the_step_requeues_the_run_and_another_name_completes_it(
