@@ -222,7 +222,7 @@ def schedule(
     returns its result (`result`); its ``result`` is the stored column.
     """
     name = _workflow_name(workflow_func)
-    _check_idempotency_key(idempotency_key)
+    ids.check_idempotency_key(idempotency_key)
     placement = _placement(name, queue, priority, concurrency_key)
     due = clock.due_time(run_at, delay)
     from everystep.core import serde
@@ -242,11 +242,6 @@ def _workflow_name(workflow_func):
     if name is None:
         raise TypeError(f"{workflow_func!r} is not an @everystep.workflow function")
     return name
-
-
-def _check_idempotency_key(key):
-    if key is not None and not (isinstance(key, str) and 0 < len(key) <= 255):
-        raise EverystepError("idempotency_key must be a non-empty string of at most 255 characters")
 
 
 def _placement(name, queue, priority, concurrency_key):
@@ -429,7 +424,7 @@ def start(
     refuses.
     """
     name = _workflow_name(workflow_func)
-    _check_idempotency_key(idempotency_key)
+    ids.check_idempotency_key(idempotency_key)
     placement = _placement(name, queue, priority, concurrency_key)
     from everystep.core import serde
 

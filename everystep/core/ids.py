@@ -31,3 +31,11 @@ def check_name(name, what, max_length=255):
             f"{what} must be 1 to {max_length} letters, digits, '_' or '-', not {name!r}"
         )
     return name
+
+
+def check_idempotency_key(key):
+    """`key` if it is None or an idempotency key (a non-empty string of at
+    most 255 characters); `EverystepError` otherwise."""
+    if key is not None and not (isinstance(key, str) and 0 < len(key) <= 255):
+        raise EverystepError("idempotency_key must be a non-empty string of at most 255 characters")
+    return key

@@ -25,10 +25,7 @@ def check(run_id, topic, payload, idempotency_key=None):
     result); `EverystepError` with one line saying what is wrong otherwise."""
     run_id = ids.parse_run_id(run_id)
     ids.check_name(topic, "a message's topic")
-    if idempotency_key is not None and not (
-        isinstance(idempotency_key, str) and 0 < len(idempotency_key) <= 255
-    ):
-        raise EverystepError("idempotency_key must be a non-empty string of at most 255 characters")
+    ids.check_idempotency_key(idempotency_key)
     serde.check_size(f"the payload of a message to run {run_id}", serde.encode(payload))
     return run_id
 

@@ -15,7 +15,7 @@ from django.db.models.functions import Least
 from django.utils import timezone
 
 from everystep.core import clock, registry, serde
-from everystep.db import mailbox, sql
+from everystep.db import mailbox, sql, steps
 from everystep.errors import Cancelled, EverystepError
 from everystep.models import Step, Workflow
 
@@ -371,24 +371,9 @@ def fork(run, from_step):
     Step.objects.bulk_create(
         Step(
             workflow_id=copy.id,
-            **{field: getattr(step, field) for field in COPIED_STEP_FIELDS},
+            **{field: getattr(step, field) for field in steps.STEP_COLUMNS},
         )
         for step in recorded[: ids.index(from_step)]
         if step.status in kept
     )
     return copy.id
-
-
-#: What a forked run keeps of each step it copies.
-COPIED_STEP_FIELDS = (
-    "step_id",
-    "name",
-    "args",
-    "kwargs",
-    "status",
-    "result",
-    "error",
-    "started_at",
-    "finished_at",
-    "attempts",
-)

@@ -119,7 +119,8 @@ def _fence_params(db, fence, despite_cancel=False):
     ]
 
 
-_STEP_COLUMNS = (
+#: A step's own columns, beside its run: what its INSERT writes and a fork copies.
+STEP_COLUMNS = (
     "step_id",
     "name",
     "args",
@@ -153,12 +154,12 @@ def _step_statements(vendor):
         f"AND (w.cancel_requested_at IS NULL OR {despite}) {lock}"
     )
     if vendor == "postgresql":
-        types = [Step._meta.get_field(column).db_type(connection) for column in _STEP_COLUMNS]
+        types = [Step._meta.get_field(column).db_type(connection) for column in STEP_COLUMNS]
         placeholders = ", ".join(f"CAST(%s AS {db_type})" for db_type in types)
     else:
-        placeholders = ", ".join("%s" for _ in _STEP_COLUMNS)
+        placeholders = ", ".join("%s" for _ in STEP_COLUMNS)
     insert = (
-        f"INSERT INTO everystep_step (workflow_id, {', '.join(_STEP_COLUMNS)}) "
+        f"INSERT INTO everystep_step (workflow_id, {', '.join(STEP_COLUMNS)}) "
         f"SELECT w.id, {placeholders} FROM everystep_workflow w WHERE {fence}"
     )
     update = (

@@ -249,11 +249,8 @@ def sleep(ctx, step_id, seconds):
     recorded = run.outcomes.get(step_id)
     check_recorded_as(run, step_id, recorded, SLEEP)
     if recorded is None:
-        started = clock.now()
-        wake_at = started + datetime.timedelta(seconds=seconds)
-        step = {"step_id": step_id, "name": SLEEP, "started_at": started}
-        step["args"] = serde.dumps(serde.to_json([seconds]))
-        step["kwargs"] = serde.dumps(serde.to_json({}))
+        step = engine_step(step_id, SLEEP, [seconds])
+        wake_at = step["started_at"] + datetime.timedelta(seconds=seconds)
         record(run, step, Step.Status.DONE, serde.dumps(serde.to_json(wake_at)), None)
         recorded = {"name": SLEEP, "status": Step.Status.DONE, "result": wake_at, "error": None}
         run.outcomes[step_id] = recorded
@@ -261,6 +258,18 @@ def sleep(ctx, step_id, seconds):
     wake_at = recorded["result"]
     if clock.now() < wake_at:
         raise Sleeping(run.fence.run_id, step_id, wake_at)
+
+
+def engine_step(step_id, name, args):
+    """The fields of a step the engine records itself (a sleep, a patch's
+    marker, a wait), started now with `args`, for `record`."""
+    return {
+        "step_id": step_id,
+        "name": name,
+        "started_at": clock.now(),
+        "args": serde.dumps(serde.to_json(args)),
+        "kwargs": serde.dumps({}),
+    }
 
 
 def check_recorded_as(run, step_id, recorded, name):
@@ -298,9 +307,7 @@ def patched(ctx, name):
         return False
     stop_if_cancel_asked(run)
     refuse_inside_transaction("patched()")
-    step = {"step_id": marker, "name": PATCHED, "started_at": clock.now()}
-    step["args"] = serde.dumps(serde.to_json([name]))
-    step["kwargs"] = serde.dumps({})
+    step = engine_step(marker, PATCHED, [name])
     record(run, step, Step.Status.DONE, serde.dumps(True), None)
     run.outcomes[marker] = {
         "name": PATCHED,

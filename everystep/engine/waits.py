@@ -27,6 +27,7 @@ from everystep.db import mailbox, runs
 from everystep.engine import records, runner
 from everystep.engine.steps import (
     check_recorded_as,
+    engine_step,
     record,
     refuse_inside_transaction,
     run_step,
@@ -56,7 +57,7 @@ def receive(ctx, step_id, topic, timeout):
         return recorded["result"]
     _new_step(run, "receive()")
     deadline = _deadline(recorded, timeout)
-    step = _step(step_id, RECEIVE, [topic, timeout])
+    step = engine_step(step_id, RECEIVE, [topic, timeout])
     replacing = None if recorded is None else Step.Status.WAITING
     while True:
         found = records.guarded(
@@ -110,7 +111,7 @@ def set_event(ctx, step_id, key, value):
     if recorded is not None:
         return
     _new_step(run, "set_event()")
-    step = _step(step_id, SET_EVENT, [key, value])
+    step = engine_step(step_id, SET_EVENT, [key, value])
     record(
         run,
         step,
@@ -179,7 +180,7 @@ def await_run(ctx, step_id, run_id, timeout):
         raise EverystepError(f"run {run_id} cannot wait for its own result")
     _new_step(run, "result()")
     deadline = _deadline(recorded, timeout)
-    step = _step(step_id, RESULT, [str(run_id), timeout])
+    step = engine_step(step_id, RESULT, [str(run_id), timeout])
     replacing = None if recorded is None else Step.Status.WAITING
     found = records.guarded(lambda attempt: runs.outcome(run_id), f"reading run {run_id}")
     if found is None:
@@ -248,16 +249,6 @@ def _deadline(recorded, timeout):
     if timeout is None:
         return clock.FOREVER
     return clock.now() + datetime.timedelta(seconds=timeout)
-
-
-def _step(step_id, name, args):
-    return {
-        "step_id": step_id,
-        "name": name,
-        "started_at": clock.now(),
-        "args": serde.dumps(serde.to_json(args)),
-        "kwargs": serde.dumps({}),
-    }
 
 
 def _done(run, step_id, name, result):
