@@ -256,6 +256,12 @@ class Worker(models.Model):
     started_at = models.DateTimeField(default=timezone.now)
     heartbeat_at = models.DateTimeField(default=timezone.now)
     stopped_at = models.DateTimeField(null=True, blank=True)
+    #: The live worker that requeued the runs this one left claimed when it
+    #: went silent (SPEC §16), when, and how many; cleared when a worker
+    #: starts under this name again.
+    recovered_by = models.CharField(max_length=255, null=True, blank=True)
+    recovered_at = models.DateTimeField(null=True, blank=True)
+    recovered_runs = models.IntegerField(default=0)
 
     class Meta:
         db_table = "everystep_worker"

@@ -16,7 +16,9 @@ be reached from it. What the tests start in it talks over that loopback:
 - `ns.partition(port)` adds nftables rules that silently DROP every TCP
   packet to and from that port as it arrives (input hook; no RST, no
   ICMP): the sender's kernel believes the packet left, as on a real
-  network. Connections stay ESTABLISHED, the kernel retransmits, connects
+  network. `ns.partition(port, group)` cuts off only the processes started
+  under that group id (`ns.command(cmd, group)`): one host of several.
+  Connections stay ESTABLISHED, the kernel retransmits, connects
   time out, keepalives and TCP user timeouts fire. `ns.heal()`
   deletes the rules; retransmitted data is then delivered, so a query sent
   during the partition completes once the peer's next retransmission gets
@@ -55,6 +57,7 @@ from tests.processes import ServerProcess, kill_group, stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = "everystep_partition"
+CUT_MARK = 0x4242  # conntrack's mark on the connections of a group cut off alone
 SERVER_START_TIMEOUT = 120.0
 SERVER_STOP_TIMEOUT = 40.0
 PROCESS_STOP_TIMEOUT = 10.0
@@ -158,9 +161,12 @@ class Namespace:
             raise NamespaceError("the namespace is not open")
         return f"/proc/{os.getpid()}/fd/{self._fd}"
 
-    def command(self, cmd) -> list[str]:
-        """cmd prefixed so that it runs inside the namespace (nsenter execs it: same PID)."""
-        return [self._nsenter, f"--net={self.path}", "--", *map(str, cmd)]
+    def command(self, cmd, group: int | None = None) -> list[str]:
+        """cmd prefixed so that it runs inside the namespace (nsenter execs it:
+        same PID); with `group`, under that group id, so that
+        `partition(port, group)` can cut it off alone."""
+        setgid = [] if group is None else [f"--setgid={int(group)}"]
+        return [self._nsenter, f"--net={self.path}", *setgid, "--", *map(str, cmd)]
 
     def popen(self, cmd, **popen) -> subprocess.Popen:
         """Start cmd inside, in a session of its own; it is stopped by close()."""
@@ -211,15 +217,30 @@ class Namespace:
         self._servers.append(server)
         return server
 
-    def partition(self, port: int) -> None:
-        """Silently drop every TCP packet to and from port as it arrives in the namespace."""
+    def partition(self, port: int, group: int | None = None) -> None:
+        """Silently drop every TCP packet to and from port as it arrives in the
+        namespace. With `group`, only the connections of the processes started
+        under that group id (`command(cmd, group)`) are cut, the way one host
+        loses the network while the others keep it: what they send to port is
+        dropped as it leaves, and conntrack marks the connection it left on,
+        so that what arrives on that connection is dropped too (from the
+        first packet the process sends on it, an ACK included)."""
         port = int(port)
         chain = f"inet {TABLE} input"
+        if group is None:
+            rules = f"add rule {chain} tcp dport {port} drop\n"
+            rules += f"add rule {chain} tcp sport {port} drop\n"
+        else:
+            out = f"inet {TABLE} output"
+            rules = (
+                f"add chain {out} {{ type filter hook output priority 0 ; policy accept ; }}\n"
+                f"add rule {out} meta skgid {int(group)} tcp dport {port} "
+                f"ct mark set {CUT_MARK} drop\n"
+                f"add rule {chain} ct mark {CUT_MARK} drop\n"
+            )
         self._nft_script(
             f"add table inet {TABLE}\n"
-            f"add chain {chain} {{ type filter hook input priority 0 ; policy accept ; }}\n"
-            f"add rule {chain} tcp dport {port} drop\n"
-            f"add rule {chain} tcp sport {port} drop\n"
+            f"add chain {chain} {{ type filter hook input priority 0 ; policy accept ; }}\n" + rules
         )
         self._partitioned.add(port)
 

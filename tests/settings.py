@@ -91,6 +91,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    # The level first, so that a test can tell a note from a warning.
+    "formatters": {"leveled": {"format": "%(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "leveled"}},
     "loggers": {"everystep": {"handlers": ["stderr"], "level": "INFO"}},
 }

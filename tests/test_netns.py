@@ -2,10 +2,13 @@
 server of the current backend runs in it, and clients in it lose the server
 while the partition holds and reach it again once it heals."""
 
+import fcntl
 import os
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 
@@ -94,11 +97,18 @@ def tcp_info(fd):
     return info[0], info[2]
 
 
-def run_client(namespace, server):
-    """Run CLIENT inside the namespace: (exit status, output, seconds)."""
+def unsent(fd):
+    """Bytes the kernel holds in the socket's send queue, not yet acknowledged."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
+def run_client(namespace, server, group=None):
+    """Run CLIENT inside the namespace (under `group`, if given): (exit
+    status, output, seconds)."""
     began = time.monotonic()
-    result = namespace.run(
-        [sys.executable, "-c", CLIENT, server.url, str(DEADLINE)],
+    result = subprocess.run(
+        namespace.command([sys.executable, "-c", CLIENT, server.url, str(DEADLINE)], group),
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=60,
@@ -126,6 +136,55 @@ def test_a_client_inside_times_out_during_the_partition_and_succeeds_after_heal(
     status, output, elapsed = run_client(namespace, server)
     assert (status, output) == (0, "1")
     print(f"client after heal: {output} in {elapsed:.2f}s")
+
+
+def test_a_partition_of_one_group_cuts_off_its_processes_and_no_other(namespace, server):
+    cut_off = 4242
+    assert run_client(namespace, server, group=cut_off)[:2] == (0, "1")
+
+    namespace.partition(server.port, group=cut_off)
+    status, output, elapsed = run_client(namespace, server, group=cut_off)
+    assert status != 0 and elapsed >= DEADLINE, output
+    assert run_client(namespace, server)[:2] == (0, "1")  # another host keeps the server
+
+    namespace.heal()
+    assert run_client(namespace, server, group=cut_off)[:2] == (0, "1")
+
+
+def test_a_partition_of_one_group_holds_its_established_connections_until_the_heal(
+    namespace, server
+):
+    """A connection made before the cut: its query is retransmitted into the
+    void, no reset, and answered once the partition heals."""
+    conn = namespace.call(connect_as, server.url, 4242)
+    try:
+        assert select_one(conn) == 1
+        namespace.partition(server.port, group=4242)
+        outcome = {}
+        query = threading.Thread(target=lambda: outcome.update(result=select_one(conn)))
+        query.daemon = True
+        query.start()
+        # Dropped as it leaves: the query stays queued in the kernel, unsent.
+        wait_until(lambda: unsent(fileno(conn)) > 0, 10, message="the query queued")
+        assert tcp_info(fileno(conn))[0] == TCP_ESTABLISHED and query.is_alive()
+        namespace.heal()
+        query.join(60)
+        assert outcome == {"result": 1}
+    finally:
+        namespace.heal()
+        conn.close()
+
+
+def connect_as(url, group):
+    """`connect(url)` from this thread with the process's effective group id
+    set to `group` while the socket is made (a socket's owner is fixed when
+    it is created)."""
+    saved = os.getegid()
+    os.setegid(group)
+    try:
+        return connect(url)
+    finally:
+        os.setegid(saved)
 
 
 def test_a_partition_drops_silently_and_tcp_delivers_the_query_after_heal(namespace, server):

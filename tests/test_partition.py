@@ -22,6 +22,7 @@ import pytest
 from tests.helpers import driver_connection, wait_until
 from tests.netns import Namespace, NamespacedServer
 from tests.plugin import current_backend
+from tests.test_worker_shutdown import opened, started
 from tests.workerproc import REPO, manage_py_environment, timed_wait
 
 pytestmark = pytest.mark.backends("postgres", "mariadb")
@@ -86,13 +87,27 @@ class Inside:
         rows = self.runs(run_ids)
         return len(rows) == len(run_ids) and all(row == ("running", name) for row in rows.values())
 
-    def worker(self, spawn_process, name, *args):
-        """Start `everystep_worker --name name args` inside; it is killed by PID at the end."""
+    def worker(self, spawn_process, name, *args, group=None):
+        """Start `everystep_worker --name name args` inside (under the group id
+        `group`, for a partition of its own); it is killed by PID at the end."""
         command = self.ns.command(
             [sys.executable, "-m", "django", "everystep_worker", "--name", name, "--poll", "0.05"]
-            + list(args)
+            + list(args),
+            group,
         )
         return spawn_process(name, command, env=self.env)
+
+
+def read_steps(url):
+    """Every step's (run id, status) in recorded order: on a connection of its own."""
+    conn = driver_connection(url, timeout=5, read_timeout=10)
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT workflow_id, status FROM everystep_step ORDER BY id")
+            rows = cursor.fetchall()
+    finally:
+        conn.close()
+    return [(str(uuid.UUID(str(run_id))), status) for run_id, status in rows]
 
 
 def read_runs(url):
@@ -257,3 +272,46 @@ def test_a_worker_killed_during_a_partition_gets_its_name_back_and_its_runs_fini
     )
     successor.send(signal.SIGTERM)
     assert successor.wait(30) == 0, successor.log()
+
+
+def test_a_worker_cut_off_alone_is_recovered_and_its_late_writes_are_dropped_after_the_heal(
+    inside, spawn_process, tmp_path
+):
+    """One worker loses the network while another keeps it. The server ends
+    the cut-off worker's sessions, its name lock's with them, and the other
+    worker recovers its run and completes it. Healed, the cut-off worker
+    finishes the step it was in: its write is refused, each step is recorded
+    once, and it goes on under its name."""
+    cut_off = 4242
+    [run] = inside.schedule("gated", [str(tmp_path)], 1)
+    lost = inside.worker(spawn_process, "cut-off", group=cut_off).wait_ready()
+    started(tmp_path, "first")
+    rescuer = inside.worker(spawn_process, "rescuer", "--orphan-timeout", "3").wait_ready()
+
+    inside.ns.partition(inside.server.port, group=cut_off)
+    cut_at = time.monotonic()
+    try:
+        wait_until(
+            lambda: inside.runs([run])[run] == ("running", "rescuer"),
+            timeout=90,
+            message="the rescuer holds the cut-off worker's run",
+        )
+        recovered_after = time.monotonic() - cut_at
+        wait_until(lambda: (tmp_path / "first.started").read_text() == "xx")
+        opened(tmp_path, "first")
+        opened(tmp_path, "second")
+        wait_until(
+            lambda: inside.runs([run])[run] == ("completed", "rescuer"),
+            message="the rescuer completed the run",
+        )
+    finally:
+        inside.ns.heal()
+    print(f"\n[{current_backend()}] recovered {recovered_after:.1f}s into the partition")
+    lost.wait_for_log("lost its claim", timeout=90)
+    assert (tmp_path / "first.passed").read_text() == "xx"  # both passed the first gate...
+    steps = inside.ns.call(read_steps, inside.server.url)
+    assert steps == [(run, "done"), (run, "done")]  # ...and one of them was recorded
+    assert "recovered 1 run(s) of worker cut-off" in rescuer.log()
+    for worker in (lost, rescuer):
+        worker.send(signal.SIGTERM)
+        assert worker.wait(60) == 0, worker.log()

@@ -82,10 +82,11 @@ EVENTS = {
     ),
     "worker_starting": Event(DEBUG, "worker {worker} starting"),
     "name_unstable": Event(
-        WARNING,
+        INFO,
         "worker name {worker} is a host name that looks random (a container's id, a pod's "
-        "name): if the worker restarts under another name, the runs it held wait parked "
-        "under this one. Set EVERYSTEP_NAME (or --name) to a name that survives a restart",
+        "name): if this worker dies, its runs are recovered by another worker once it has "
+        "been silent for the orphan timeout. A name that survives a restart (EVERYSTEP_NAME, "
+        "--name) resumes them at once instead",
     ),
     "migrations_pending": Event(
         WARNING,
@@ -105,6 +106,11 @@ EVENTS = {
     "message_sent": Event(DEBUG, "message on {topic} sent to run {run_id}"),
     "run_waiting": Event(
         INFO, "run {run_id} {workflow} waits at step {step_id} for {waits_for} until {wake_at}"
+    ),
+    "runs_recovered": Event(
+        WARNING,
+        "worker {worker} recovered {count} run(s) of worker {silent_worker}, silent for "
+        "{silent_for:.0f}s: requeued {run_list}",
     ),
     "run_released": Event(
         WARNING,

@@ -76,6 +76,13 @@ class NameLock:
     def release(self):
         raise NotImplementedError
 
+    def held_by_stopped_process(self):
+        """Whether the lock is held by a process the kernel has stopped
+        (SIGSTOP, a frozen container): held, yet not live. A database's own
+        lock needs no such answer: the server ends the session of a holder
+        that stopped answering (`IDLE_SESSION_TIMEOUT`)."""
+        return False
+
 
 class _ConnectionLock(NameLock):
     """A lock held by a database session of its own."""
@@ -248,6 +255,35 @@ class FileLock(NameLock):
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the lock
             self._fd = None
+
+    def held_by_stopped_process(self):
+        """A file lock outlives a stopped holder, and no server ends it: ask
+        the kernel which process holds it (``/proc/locks``) and whether that
+        process is stopped (``/proc/PID/stat``)."""
+        try:
+            status = os.stat(self.path)
+            with open("/proc/locks") as locks:
+                lines = locks.read().splitlines()
+        except OSError:
+            return False
+        file_id = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
+        for line in lines:
+            fields = line.split()
+            if "->" in fields or len(fields) < 6 or fields[1] != "FLOCK" or fields[5] != file_id:
+                continue  # "->": a request waiting for the lock, not its holder
+            return _stopped(fields[4])
+        return False
+
+
+def _stopped(pid):
+    """Whether the process `pid` (text) is stopped; False when it is gone or
+    not visible from here."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as stat:
+            state = stat.read().rpartition(")")[2].split()[0]
+    except (OSError, ValueError, IndexError):
+        return False
+    return state in ("T", "t")
 
 
 class ProcessLock(NameLock):

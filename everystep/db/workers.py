@@ -9,9 +9,10 @@ import datetime
 import os
 import socket
 
+from django.db import models
 from django.utils import timezone
 
-from everystep.models import Worker
+from everystep.models import Worker, Workflow
 
 
 def started(name, pool_size, workflows, queues=None):
@@ -34,6 +35,9 @@ def started(name, pool_size, workflows, queues=None):
             "started_at": now,
             "heartbeat_at": now,
             "stopped_at": None,
+            "recovered_by": None,
+            "recovered_at": None,
+            "recovered_runs": 0,
         },
     )
 
@@ -78,6 +82,10 @@ class WorkerStatus:
     stopped_at: datetime.datetime | None
     #: The queues it serves; None: every queue.
     queues: list | None = None
+    #: The live worker that requeued the runs it left claimed, when, how many.
+    recovered_by: str | None = None
+    recovered_at: datetime.datetime | None = None
+    recovered_runs: int = 0
 
     @property
     def live(self):
@@ -103,6 +111,9 @@ def workers(now=None):
             heartbeat_age=max(0.0, (now - row.heartbeat_at).total_seconds()),
             stopped_at=row.stopped_at,
             queues=row.queues,
+            recovered_by=row.recovered_by,
+            recovered_at=row.recovered_at,
+            recovered_runs=row.recovered_runs,
         )
         for row in Worker.objects.order_by("name")
     ]
@@ -113,6 +124,31 @@ def live_workers(now=None):
     """The workers not stopped whose heartbeat is recent enough."""
     return Worker.objects.exclude(state=Worker.State.STOPPED).filter(
         heartbeat_at__gte=_lost_before(now or timezone.now())
+    )
+
+
+def silent_with_runs(silent_for, asking, now=None):
+    """``{name: heartbeat_at}`` of the workers other than `asking` whose
+    heartbeat is older than `silent_for` seconds and that still hold
+    ``running`` runs: the orphan
+    recovery's candidates (`everystep.worker.orphans`). One statement, an
+    index probe per such worker."""
+    before = (now or timezone.now()) - datetime.timedelta(seconds=silent_for)
+    holding = Workflow.objects.filter(
+        claimed_by=models.OuterRef("name"), status=Workflow.Status.RUNNING
+    )
+    rows = Worker.objects.filter(heartbeat_at__lt=before).exclude(name=asking)
+    rows = rows.filter(models.Exists(holding))
+    return dict(rows.values_list("name", "heartbeat_at"))
+
+
+def recovered(name, by, count):
+    """Note on the row of the worker `name` that the worker `by` requeued
+    `count` more of the runs it left claimed."""
+    Worker.objects.filter(name=name).update(
+        recovered_by=by,
+        recovered_at=timezone.now(),
+        recovered_runs=models.F("recovered_runs") + count,
     )
 
 

@@ -72,6 +72,11 @@ MESSAGES_SENT = Counter(
     "Messages sent to runs from this process (`everystep.send`), by topic.",
     ["topic"],
 )
+RUNS_RECOVERED = Counter(
+    "everystep_runs_recovered",
+    "Runs of silent workers that a worker requeued (orphan recovery), by recovering worker.",
+    ["runner"],
+)
 DB_OUTAGE = Gauge(
     "everystep_worker_db_outage",
     "1 while this process finds the database unreachable, else 0.",
@@ -155,7 +160,7 @@ def _worker_starting(fields):
     _runner = runner = fields["worker"]
     STARTED_AT.labels(runner).set(fields["started_at"])
     DB_OUTAGE.labels(runner).set(0 if outage.tracker.since is None else 1)
-    for zero_until_counted in (IN_FLIGHT, CLAIMS, REQUEUED, DB_RETRIES):
+    for zero_until_counted in (IN_FLIGHT, CLAIMS, REQUEUED, DB_RETRIES, RUNS_RECOVERED):
         zero_until_counted.labels(runner)
 
 
@@ -165,6 +170,10 @@ def _worker_ready(fields):
 
 def _message_sent(fields):
     MESSAGES_SENT.labels(fields["topic"]).inc()
+
+
+def _runs_recovered(fields):
+    RUNS_RECOVERED.labels(fields["worker"]).inc(fields["count"])
 
 
 def _db_retry(fields):
@@ -191,6 +200,7 @@ on_event = {
     "worker_starting": _worker_starting,
     "worker_ready": _worker_ready,
     "message_sent": _message_sent,
+    "runs_recovered": _runs_recovered,
     "db_retry": _db_retry,
     "db_outage": _db_outage,
     "db_recovered": _db_recovered,

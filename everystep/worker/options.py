@@ -76,6 +76,21 @@ def _retention(value):
     return float(seconds)
 
 
+def _orphan_timeout(value):
+    """An orphan timeout: a duration (``60s``, ``2m``, or seconds); 0 turns
+    the recovery off."""
+    from everystep.core import clock
+    from everystep.errors import EverystepError
+
+    try:
+        seconds = value if isinstance(value, int | float) else clock.parse_duration(str(value))
+    except EverystepError:
+        raise ValueError("is not a duration: write it as 60s, 2m or 90 (0 turns it off)") from None
+    if not 0 <= seconds <= DAY:
+        raise ValueError("must be from 0 (off) to 1d")
+    return float(seconds)
+
+
 def port_number(value):
     """`value` as a TCP port number (None stays None); `ValueError` saying
     what is wrong otherwise. Every port option and variable reads it."""
@@ -235,6 +250,14 @@ OPTIONS = (
         "time (off when unset)",
     ),
     Option(
+        "orphan_timeout",
+        "--orphan-timeout",
+        "EVERYSTEP_ORPHAN_TIMEOUT",
+        _orphan_timeout,
+        "requeue the runs of a worker silent for this long whose name no live process holds "
+        "(0: never; its runs then wait for a worker under its name, or `requeue`)",
+    ),
+    Option(
         "metrics_port",
         "--metrics-port",
         "EVERYSTEP_METRICS_PORT",
@@ -266,6 +289,7 @@ class WorkerOptions:
     db_deadline: float = 10.0
     wait_for_migrations: float = 0.0
     retention: float | None = None
+    orphan_timeout: float = 60.0
     metrics_port: int | None = None
     metrics_bind: str = "0.0.0.0"
 

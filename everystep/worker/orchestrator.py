@@ -14,8 +14,8 @@ name — left ``running`` by a process that died — and replays them.
 the claim turn (`claimer`), the pool that executes and reaps (`pool`), the
 wake-ups (`wakeup`), the state it shows (`presence`), the hold on its name
 (`nameguard`), the stop and its drain (`shutdown`), its background threads
-(`loops`), its pruning of old runs (`retention`) and the setup of its
-process (`process`).
+(`loops`), its recovery of the runs of silent workers (`orphans`), its
+pruning of old runs (`retention`) and the setup of its process (`process`).
 """
 
 import dataclasses
@@ -37,6 +37,7 @@ from everystep.worker.endpoint import Endpoint
 from everystep.worker.loops import Loops
 from everystep.worker.nameguard import NameGuard
 from everystep.worker.options import WorkerOptions
+from everystep.worker.orphans import OrphanRecovery
 from everystep.worker.pool import Pool
 from everystep.worker.presence import Presence
 from everystep.worker.retention import Pruner
@@ -70,6 +71,8 @@ class Worker:
         self._claimer = Claimer(self.options, self._pool, self._guard, self._presence)
         retention = self.options.retention
         self._pruner = Pruner(retention) if retention is not None else None
+        timeout = self.options.orphan_timeout
+        self._orphans = OrphanRecovery(self.name, timeout, self._wakeup.set) if timeout else None
 
     @property
     def abandoned(self):
@@ -123,6 +126,8 @@ class Worker:
             self._guard.start(self._loops)
             if self._pruner is not None:
                 self._loops.start("pruner", self._pruner.run)
+            if self._orphans is not None:
+                self._loops.start("orphans", self._orphans.run)
             if self._claimer.catching_up:
                 self._wait(self._turn())
             self._presence.ready = True
@@ -137,6 +142,8 @@ class Worker:
             self._wakeup.stop()
             if self._pruner is not None:
                 self._pruner.stop()
+            if self._orphans is not None:
+                self._orphans.stop()
             self._presence.report(WorkerRow.State.STOPPED)
             # During an outage the guard may be blocked on the lock's
             # connection: do not wait for it (the session ends with the

@@ -1,0 +1,122 @@
+"""Orphans recover by themselves (SPEC §16): a live worker requeues the runs
+of a worker that went silent.
+
+A worker that dies without draining (SIGKILL, a lost node, a pod deleted)
+leaves its runs ``running`` under its name. When it comes back under that
+name it takes them back at once (its catchup). But a name may never come
+back — a Deployment's pod, an autoscaled dyno, a container without a
+name — so every worker, every `interval` seconds, looks for workers whose
+heartbeat is older than the orphan timeout and that still hold runs: one
+indexed statement, no lock, no round trip per run.
+
+When it finds some, one worker at a time recovers them, under the database
+lock `LOCK_NAME` that makes the others skip the round. For each silent
+worker it then takes that worker's own name lock, as a worker starting
+under the name would: taken, no live process holds the name and none can
+start under it while the runs are requeued; refused, the holder is alive
+(a clock behind, a slow database) and keeps its runs. On SQLite, whose name
+lock is a file lock the kernel keeps for a stopped process, a holder the
+kernel has stopped counts as silent too.
+
+The requeue is fenced like an operator's: the dead worker's late writes
+(a stopped process continued, a partition healed) land on nothing, and a
+step in flight that was unsafe to repeat leaves the run ``blocked`` when it
+is claimed again, as after any crash.
+"""
+
+import logging
+import random
+import threading
+
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.utils import timezone
+
+from everystep.core import events
+from everystep.db import runs, workers
+from everystep.db.namelock import name_lock
+from everystep.resilience import classify, deadline
+
+logger = logging.getLogger(__name__)
+
+LOCK_NAME = "everystep:orphans"
+LONGEST_INTERVAL = 15.0  # seconds: the longest wait between two looks
+
+
+def interval(timeout):
+    """Seconds between two looks for silent workers: a quarter of the
+    timeout, at least 1 s and at most `LONGEST_INTERVAL`."""
+    return max(1.0, min(timeout / 4, LONGEST_INTERVAL))
+
+
+class OrphanRecovery:
+    """The worker `worker`'s look, every `interval(timeout)` seconds, for the
+    runs of workers silent for more than `timeout` seconds; `on_recovered()`
+    is called after runs were requeued, so the worker claims at once."""
+
+    def __init__(self, worker, timeout, on_recovered):
+        self.worker = worker
+        self.timeout = timeout
+        self.interval = interval(timeout)
+        self._on_recovered = on_recovered
+        self._stop = threading.Event()
+
+    def run(self):
+        # Workers started together would look together: spread them out.
+        while not self._stop.wait(self.interval * random.uniform(0.75, 1.0)):
+            try:
+                if self.round():
+                    self._on_recovered()
+            except Exception as exc:  # noqa: BLE001 - the next look tries again
+                if not classify.is_transient(exc):  # an outage is announced by the loop
+                    logger.warning(
+                        "looking for orphaned runs failed: %s",
+                        classify.one_line(exc),
+                        extra={"action": "orphans_failed"},
+                    )
+                connections[DEFAULT_DB_ALIAS].close()
+
+    def round(self):
+        """Look once; requeue the runs of the silent workers found, unless
+        another worker is recovering them. Returns how many runs this
+        worker requeued."""
+        connection = connections[DEFAULT_DB_ALIAS]
+        with deadline.guard(connection, "looking for orphaned runs"):
+            silent = workers.silent_with_runs(self.timeout, self.worker)
+        if not silent:
+            return 0
+        lock = name_lock(LOCK_NAME)
+        try:
+            if not lock.try_acquire():
+                return 0  # another worker is recovering them
+            return sum(self._recover(name, heartbeat) for name, heartbeat in silent.items())
+        finally:
+            lock.release()
+
+    def _recover(self, name, heartbeat_at):
+        """Requeue the runs of the silent worker `name`, holding its name
+        lock so that no worker starts under it meanwhile; 0 if a live
+        process holds the name."""
+        name_held = name_lock(name)
+        taken = name_held.try_acquire()
+        try:
+            if not taken and not name_held.held_by_stopped_process():
+                return 0
+            requeued = runs.requeue_runs(claimed_by=name)
+            if requeued:
+                workers.recovered(name, self.worker, len(requeued))
+        finally:
+            name_held.release()  # a lock not taken: its connection is closed
+        if requeued:
+            events.announce(
+                "runs_recovered",
+                worker=self.worker,
+                silent_worker=name,
+                silent_for=(timezone.now() - heartbeat_at).total_seconds(),
+                count=len(requeued),
+                run_list=", ".join(str(run_id) for run_id in requeued),
+                run_ids=requeued,
+            )
+        return len(requeued)
+
+    def stop(self):
+        self._stop.set()

@@ -1,0 +1,187 @@
+"""Orphans recover by themselves (SPEC §16): the runs of a worker that went
+silent — SIGKILLed, SIGSTOPped — are requeued by a live worker once the
+silent one's heartbeat is older than the orphan timeout and no live process
+holds its name; the silent worker's late writes land on nothing; a worker
+restarted under its name at once still takes its own runs back first.
+
+Each run here is `workflows.gated`: two steps held at gates the test opens,
+each step returning how many times its gate was passed, so a step executed
+twice (by the silent worker and by its rescuer) shows in the gate's marks
+while the run's recorded result shows which one was recorded.
+"""
+
+import datetime
+import signal
+import time
+import uuid
+
+import pytest
+from django.utils import timezone
+
+from everystep import schedule
+from everystep.db import workers
+from everystep.models import Step, Worker, Workflow
+from everystep.worker import orphans
+from tests import workflows
+from tests.helpers import recorded_steps, wait_until
+from tests.test_metrics import get, metrics_worker, samples, value
+from tests.test_worker_shutdown import opened, started
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TIMEOUT = 3.0  # the rescuer's --orphan-timeout, in seconds
+LOOK = orphans.interval(TIMEOUT)  # the rescuer's time between two looks
+# From the silent worker's last heartbeat to its runs claimed again: the
+# timeout, one look, and the claim that follows it.
+RECOVERED_WITHIN = TIMEOUT + LOOK + 3
+
+
+def container_id():
+    """A name like the one a container gets from its id: random, never back."""
+    return uuid.uuid4().hex[:12]
+
+
+def holders(runs):
+    return {
+        tuple(row)
+        for row in Workflow.objects.filter(id__in=[run.id for run in runs]).values_list(
+            "status", "claimed_by"
+        )
+    }
+
+
+def statuses(runs):
+    return {status for status, _ in holders(runs)}
+
+
+def gates_for(tmp_path, count):
+    directories = [tmp_path / f"run-{n}" for n in range(count)]
+    for directory in directories:
+        directory.mkdir()
+    return directories
+
+
+def complete(runs, directories):
+    """Open every gate and wait for the runs to complete; their results."""
+    for directory in directories:
+        opened(directory, "first")
+        opened(directory, "second")
+    wait_until(lambda: statuses(runs) == {Workflow.Status.COMPLETED}, message="runs completed")
+    return [Workflow.objects.get(id=run.id).result for run in runs]
+
+
+def test_a_sigkilled_worker_with_a_random_name_has_its_runs_completed_by_another_in_time(
+    spawn_worker, tmp_path
+):
+    directories = gates_for(tmp_path, 2)
+    runs = [schedule(workflows.gated, str(directory)) for directory in directories]
+    lost = container_id()
+    doomed = spawn_worker(lost, "--pool", "2").wait_ready()
+    for directory in directories:
+        started(directory, "first")
+    rescuer = metrics_worker(spawn_worker, "rescuer", "--orphan-timeout", f"{TIMEOUT:g}")
+    rescuer.wait_ready()
+
+    doomed.send(signal.SIGKILL)
+    doomed.wait()
+    killed_at = time.monotonic()
+    wait_until(
+        lambda: holders(runs) == {(Workflow.Status.RUNNING, "rescuer")},
+        timeout=RECOVERED_WITHIN + 30,
+        message="the rescuer holds the dead worker's runs",
+    )
+    took = time.monotonic() - killed_at
+    print(f"\nrecovered {took:.1f}s after the SIGKILL (timeout {TIMEOUT:g}s, look {LOOK:g}s)")
+    assert took < RECOVERED_WITHIN, rescuer.log()
+
+    for directory in directories:
+        wait_until(lambda d=directory: (d / "first.started").read_text() == "xx")
+    assert complete(runs, directories) == [[1, 1], [1, 1]]
+    assert holders(runs) == {(Workflow.Status.COMPLETED, "rescuer")}
+    assert f"recovered 2 run(s) of worker {lost}" in rescuer.log()
+    row = Worker.objects.get(name=lost)
+    assert (row.recovered_by, row.recovered_runs) == ("rescuer", 2)
+    assert row.recovered_at is not None
+    _, text = get(rescuer.metrics_port, "/metrics")
+    assert value(samples(text), "everystep_runs_recovered_total", runner="rescuer") == 2
+    rescuer.send(signal.SIGTERM)
+    assert rescuer.wait() == 0
+
+
+def test_a_sigstopped_worker_is_recovered_and_its_late_writes_are_dropped_after_sigcont(
+    spawn_worker, tmp_path
+):
+    """SIGSTOP: the process lives, holds its sockets (and on SQLite its file
+    lock), and answers nothing. The database ends its lock's session (the
+    server's idle timeout) or, on SQLite, the kernel says it is stopped; its
+    run is then recovered. Continued, it finishes the step it was in and its
+    write is refused: the run keeps the rescuer's steps, each once."""
+    [directory] = gates_for(tmp_path, 1)
+    run = schedule(workflows.gated, str(directory))
+    frozen_name = container_id()
+    frozen = spawn_worker(frozen_name).wait_ready()
+    started(directory, "first")
+    rescuer = spawn_worker("rescuer", "--orphan-timeout", f"{TIMEOUT:g}").wait_ready()
+
+    frozen.send(signal.SIGSTOP)
+    try:
+        wait_until(
+            lambda: holders([run]) == {(Workflow.Status.RUNNING, "rescuer")},
+            timeout=90,
+            message="the rescuer holds the stopped worker's run",
+        )
+        wait_until(lambda: (directory / "first.started").read_text() == "xx")
+        opened(directory, "first")
+        opened(directory, "second")
+        wait_until(lambda: holders([run]) == {(Workflow.Status.COMPLETED, "rescuer")})
+    finally:
+        frozen.send(signal.SIGCONT)
+    frozen.wait_for_log("lost its claim")
+    assert (directory / "first.passed").read_text() == "xx"  # both passed the first gate...
+    done = Step.Status.DONE
+    assert list(recorded_steps(run).values()) == [("gate", done, 1), ("gate", done, 1)]
+    assert Workflow.objects.get(id=run.id).result == [1, 1]
+    assert f"recovered 1 run(s) of worker {frozen_name}" in rescuer.log()
+    # The continued worker goes on under its name, and drains cleanly.
+    quick = schedule(workflows.quick, 1)
+    wait_until(lambda: Workflow.objects.get(id=quick.id).status == Workflow.Status.COMPLETED)
+    frozen.send(signal.SIGTERM)
+    assert frozen.wait() == 0, frozen.log()
+    rescuer.send(signal.SIGTERM)
+    assert rescuer.wait() == 0
+
+
+def test_a_stable_name_restarted_at_once_takes_its_own_runs_back_first(spawn_worker, tmp_path):
+    directories = gates_for(tmp_path, 2)
+    runs = [schedule(workflows.gated, str(directory)) for directory in directories]
+    node = spawn_worker("node-a", "--pool", "2").wait_ready()
+    for directory in directories:
+        started(directory, "first")
+    # A timeout longer than the restart takes: the name comes back first.
+    rescuer = spawn_worker("rescuer", "--orphan-timeout", "20").wait_ready()
+    node.send(signal.SIGKILL)
+    node.wait()
+    restarted = spawn_worker("node-a", "--pool", "2").wait_ready()
+    assert "resumed parked 2 run(s)" in restarted.log()
+    assert complete(runs, directories) == [[1, 1], [1, 1]]
+    assert holders(runs) == {(Workflow.Status.COMPLETED, "node-a")}
+    assert "recovered" not in rescuer.log()
+    assert Worker.objects.get(name="node-a").recovered_by is None
+    for worker in (restarted, rescuer):
+        worker.send(signal.SIGTERM)
+        assert worker.wait() == 0
+
+
+def test_a_live_worker_behind_on_its_heartbeat_keeps_its_runs(embedded_worker, tmp_path):
+    """A heartbeat can be late while its worker lives (a clock behind, a slow
+    database): the name it holds keeps its runs from being recovered."""
+    [directory] = gates_for(tmp_path, 1)
+    run = schedule(workflows.gated, str(directory))
+    embedded_worker(name="slow-clock", orphan_timeout=0)
+    started(directory, "first")
+    an_hour_ago = timezone.now() - datetime.timedelta(hours=1)
+    Worker.objects.filter(name="slow-clock").update(heartbeat_at=an_hour_ago)
+    assert list(workers.silent_with_runs(TIMEOUT, "rescuer")) == ["slow-clock"]
+    assert orphans.OrphanRecovery("rescuer", TIMEOUT, lambda: None).round() == 0
+    assert holders([run]) == {(Workflow.Status.RUNNING, "slow-clock")}
+    assert complete([run], [directory]) == [[1, 1]]
