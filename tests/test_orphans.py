@@ -185,3 +185,18 @@ def test_a_live_worker_behind_on_its_heartbeat_keeps_its_runs(embedded_worker, t
     assert orphans.OrphanRecovery("rescuer", TIMEOUT, lambda: None).round() == 0
     assert holders([run]) == {(Workflow.Status.RUNNING, "slow-clock")}
     assert complete([run], [directory]) == [[1, 1]]
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        (["--orphan-timeout", "soon"], None, "--orphan-timeout 'soon' is not a duration"),
+        (["--orphan-timeout", "-5"], None, "--orphan-timeout '-5' must be from 0 (off) to 1d"),
+        ([], {"EVERYSTEP_ORPHAN_TIMEOUT": "2w"}, "EVERYSTEP_ORPHAN_TIMEOUT='2w' is not a duration"),
+    ],
+)
+def test_a_bad_orphan_timeout_exits_2_with_one_line(spawn_worker, flags, env, message):
+    worker = spawn_worker("misconfigured", *flags, env=env)
+    assert worker.wait() == 2
+    lines = worker.log().strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], worker.log()

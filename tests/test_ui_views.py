@@ -519,3 +519,16 @@ def test_the_run_stream_reads_no_step_values_while_nothing_changes(viewer, monke
     assert body.count("event: change") == 1  # the data, once; nothing changed since
     assert len(queries) > 10  # ticked many times...
     assert reading_steps == []  # ...without reading a step's values again
+
+
+def test_the_workers_page_says_which_worker_recovered_a_silent_workers_runs(viewer):
+    from everystep.db import workers
+
+    workers.started("w-gone", 4, ["tests.workflows.quick"])
+    workers.recovered("w-gone", "w-rescuer", 2)
+    workers.recovered("w-gone", "w-rescuer", 1)
+    [worker] = viewer.get("/everystep/api/workers").json()["workers"]
+    assert (worker["recovered_by"], worker["recovered_runs"]) == ("w-rescuer", 3)
+    page = viewer.get("/everystep/workers").content.decode()
+    row = page[page.index('data-worker="w-gone"') :]
+    assert re.search(r'class="recovered">3 runs by <span class="mono">w-rescuer</span>', row), row

@@ -109,3 +109,15 @@ def test_the_zipapp_prints_the_workers_table_from_outside_the_repository(pyz, tm
     assert list(table) == ["alive", "gone"]
     assert table["alive"][:5] == ["alive", "ready", "host-1", "4321", "1.0"]
     assert table["gone"][1] == "lost"
+
+
+def test_a_silent_workers_row_names_the_worker_that_recovered_its_runs():
+    from everystep.db import workers
+
+    worker_row("w-gone", heartbeat_age=300)
+    workers.recovered("w-gone", "w-rescuer", 2)
+    row = listed("w-gone", "lost")
+    assert (row["recovered_by"], row["recovered_runs"]) == ("w-rescuer", 2)
+    assert row["recovered_at"] is not None
+    line = next(line for line in everystep_workers().splitlines() if line.startswith("w-gone "))
+    assert line.rstrip().endswith("2 by w-rescuer"), line

@@ -22,6 +22,7 @@ COLUMNS = (
     "started_at",
     "heartbeat",
     "stopped_at",
+    "recovered",
 )
 NUMBERS = {"pid", "pool_size", "in_flight"}  # right-aligned
 
@@ -66,6 +67,9 @@ def _fields(row):
         "heartbeat_at": row.heartbeat_at.isoformat(),
         "heartbeat_age_seconds": round(row.heartbeat_age, 1),
         "stopped_at": row.stopped_at and row.stopped_at.isoformat(),
+        "recovered_by": row.recovered_by,
+        "recovered_at": row.recovered_at and row.recovered_at.isoformat(),
+        "recovered_runs": row.recovered_runs,
     }
 
 
@@ -81,7 +85,13 @@ def _cells(row):
         _when(row.started_at),
         _ago(row.heartbeat_age),
         _when(row.stopped_at),
+        _recovered(row),
     )
+
+
+def _recovered(row):
+    """Which worker requeued the runs this one left claimed: ``3 by w-2``."""
+    return f"{row.recovered_runs} by {row.recovered_by}" if row.recovered_by else "-"
 
 
 def _when(moment):
