@@ -191,7 +191,7 @@ def test_a_live_worker_behind_on_its_heartbeat_keeps_its_runs(embedded_worker, t
     ("flags", "env", "message"),
     [
         (["--orphan-timeout", "soon"], None, "--orphan-timeout 'soon' is not a duration"),
-        (["--orphan-timeout", "-5"], None, "--orphan-timeout '-5' must be from 0 (off) to 1d"),
+        (["--orphan-timeout=2d"], None, "--orphan-timeout '2d' must be from 0 (off) to 1d"),
         ([], {"EVERYSTEP_ORPHAN_TIMEOUT": "2w"}, "EVERYSTEP_ORPHAN_TIMEOUT='2w' is not a duration"),
     ],
 )
