@@ -16,6 +16,7 @@ urlpatterns = [
     path("run/<str:run_id>/retry", security.headers(views.retry), name="retry"),
     path("run/<str:run_id>/send", security.headers(views.send), name="send"),
     path("run/<str:run_id>/fork", security.headers(views.fork), name="fork"),
+    path("runs/<str:action>", security.headers(views.bulk), name="bulk"),
     path("blocked", security.headers(views.blocked), name="blocked"),
     path("workers", security.headers(views.workers), name="workers"),
     path("queues", security.headers(views.queues), name="queues"),

@@ -341,3 +341,27 @@ def test_a_failed_run_is_forked_by_clicking_and_the_fork_names_its_origin(operat
     assert operator.find_element(By.ID, "run-origin").text == str(run.id)
     screenshot(operator, "ui-run-forked")
     no_console_errors(operator)
+
+
+def test_the_runs_a_filter_selects_are_cancelled_after_a_confirmation_naming_their_count(
+    operator, live_server
+):
+    selected = [schedule(workflows.quick, n) for n in range(3)]
+    other = schedule(workflows.add_twice, 1, 2)
+    operator.get(f"{live_server.url}/everystep/?workflow=tests.workflows.quick")
+    screenshot(operator, "ui-runs-bulk")
+    operator.find_element(By.NAME, "bulk-cancel").click()
+    heading = wait_for(operator, lambda d: d.find_element(By.TAG_NAME, "h1").text)
+    assert heading == "Cancel 3 runs?"
+    assert Workflow.objects.filter(status=Workflow.Status.CANCELLED).count() == 0
+    screenshot(operator, "ui-runs-bulk-confirm")
+    operator.find_element(By.NAME, "reason").send_keys("a bad deploy")
+    operator.find_element(By.NAME, "confirm").click()
+    wait_for(operator, lambda d: "notice=bulk-cancel" in d.current_url, message="the runs again")
+    assert {run.status for run in Workflow.objects.filter(id__in=[r.id for r in selected])} == {
+        Workflow.Status.CANCELLED
+    }
+    assert Workflow.objects.get(id=other.id).status == Workflow.Status.SCHEDULED
+    assert "Cancelled the runs selected" in operator.find_element(By.CLASS_NAME, "notice").text
+    screenshot(operator, "ui-runs-bulk-cancelled")
+    no_console_errors(operator)

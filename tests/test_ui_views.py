@@ -532,3 +532,89 @@ def test_the_workers_page_says_which_worker_recovered_a_silent_workers_runs(view
     page = viewer.get("/everystep/workers").content.decode()
     row = page[page.index('data-worker="w-gone"') :]
     assert re.search(r'class="recovered">3 runs by <span class="mono">w-rescuer</span>', row), row
+
+
+QUICK = "tests.workflows.quick"
+
+
+def test_a_bulk_cancel_names_the_count_first_and_acts_once_confirmed(operator, caplog):
+    selected = [schedule(workflows.quick, n) for n in range(3)]
+    other = schedule(workflows.add_twice, 1, 2)
+    confirm = submit(
+        operator, f"/everystep/?workflow={QUICK}", "/everystep/runs/cancel", {"workflow": QUICK}
+    )
+    assert confirm.status_code == 200
+    assert "Cancel 3 runs?" in text(confirm) and 'name="confirmed" value="3"' in text(confirm)
+    assert statuses(selected) == {Workflow.Status.SCHEDULED}  # nothing changed yet
+
+    with caplog.at_level(logging.INFO, logger="everystep.ui"):
+        done = confirmed(
+            operator, confirm, "/everystep/runs/cancel", {"workflow": QUICK, "reason": "late"}
+        )
+    assert done.status_code == 303
+    assert done["Location"].endswith(f"?workflow={QUICK}&notice=bulk-cancel")
+    assert statuses(selected) == {Workflow.Status.CANCELLED}
+    assert statuses([other]) == {Workflow.Status.SCHEDULED}
+    [record] = [r for r in caplog.records if getattr(r, "action", "") == "ui_bulk_cancel"]
+    assert (record.user, record.count, record.selection) == ("operator", 3, f"workflow={QUICK}")
+    assert "Cancelled the runs selected" in text(operator.get(done["Location"]))
+
+
+def test_a_bulk_retry_whose_count_changed_since_the_confirmation_asks_again(operator):
+    failed = [run_to_end(workflows.failing_body) for _ in range(2)]
+    form = {"status": "failed", "confirmed": "1"}  # one failed run when the page was shown
+    asked = submit(operator, "/everystep/?status=failed", "/everystep/runs/retry", form)
+    assert asked.status_code == 200 and "Retry 2 runs?" in text(asked)
+    assert statuses(failed) == {Workflow.Status.FAILED}
+    done = confirmed(operator, asked, "/everystep/runs/retry", {"status": "failed"})
+    assert done.status_code == 303
+    assert statuses(failed) == {Workflow.Status.SCHEDULED}
+
+
+@pytest.mark.parametrize(
+    ("form", "status", "reason"),
+    [
+        ({}, 400, "choose a filter first"),
+        ({"status": "completed"}, 400, "a completed run is not cancelled"),
+        ({"after": "yesterday"}, 400, "after 'yesterday' is not a time"),
+    ],
+)
+def test_a_bulk_action_without_a_usable_filter_is_refused(operator, form, status, reason):
+    run = schedule(workflows.quick, 1)
+    response = submit(operator, "/everystep/?status=scheduled", "/everystep/runs/cancel", form)
+    assert response.status_code == status and reason in text(response), text(response)
+    assert statuses([run]) == {Workflow.Status.SCHEDULED}
+
+
+def test_a_bulk_action_needs_the_csrf_token_and_the_right_to_act(operator, viewer):
+    run = schedule(workflows.quick, 1)
+    form = {"workflow": QUICK, "confirmed": "1"}
+    assert operator.post("/everystep/runs/cancel", form).status_code == 403  # no CSRF token
+    assert viewer.post("/everystep/runs/cancel", form).status_code == 403
+    assert 'action="/everystep/runs/cancel"' not in text(
+        viewer.get(f"/everystep/?workflow={QUICK}")
+    )
+    operator.get(f"/everystep/?workflow={QUICK}")  # its form sets the CSRF cookie
+    token = operator.cookies["csrftoken"].value
+    with override_settings(EVERYSTEP_UI_READ_ONLY=True):
+        page = text(operator.get(f"/everystep/?workflow={QUICK}"))
+        assert 'action="/everystep/runs/cancel"' not in page
+        refused = operator.post("/everystep/runs/cancel", {**form, "csrfmiddlewaretoken": token})
+        assert refused.status_code == 403 and "read-only" in text(refused)
+    assert statuses([run]) == {Workflow.Status.SCHEDULED}
+
+
+def confirmed(client, confirmation, action_url, data):
+    """POST `data` to `action_url` as the confirmation page's form does: with
+    its token and the count it names."""
+    page = text(confirmation)
+    assert f'action="{action_url}"' in page, page
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    count = re.search(r'name="confirmed" value="(\d+)"', page).group(1)
+    return client.post(action_url, {**data, "confirmed": count, "csrfmiddlewaretoken": token})
+
+
+def statuses(runs):
+    return set(
+        Workflow.objects.filter(id__in=[run.id for run in runs]).values_list("status", flat=True)
+    )

@@ -34,6 +34,7 @@ ids with `everystep.core.ids.parse_run_id`, and its statements are
 import contextlib
 import dataclasses
 import datetime
+import itertools
 
 from django.db import transaction
 
@@ -132,45 +133,51 @@ def cancel_matching(run_filter, reason=None, *, dry_run=False):
     every scheduled, running and blocked run it selects. Returns ``[(run
     id, status)]``: ``cancelled`` or ``running`` (asked), or the status
     each has now with `dry_run`; a run that ended meanwhile is left out."""
-    statuses = _bulk_statuses(run_filter, CANCELLABLE, "cancelled")
-    done = []
-    for run_id, status in _selected(run_filter, statuses):
-        if dry_run:
-            done.append((run_id, status))
-            continue
-        try:
-            done.append((run_id, cancel(run_id, reason)))
-        except EverystepError:
-            continue  # it ended meanwhile
-    return done
+    return _each_matching("cancel", run_filter, lambda run_id: cancel(run_id, reason), dry_run)
 
 
 def retry_matching(run_filter, *, dry_run=False):
     """Retry every failed run `run_filter` selects, one by one as `retry`
     does. Returns ``[(run id, status)]`` of the runs retried (``scheduled``)
     or, with `dry_run`, that would be."""
+    return _each_matching("retry", run_filter, retry, dry_run)
+
+
+#: What each bulk action may change: the statuses it acts on, and its
+#: past participle for a refusal.
+BULK = {"cancel": (CANCELLABLE, "cancelled"), "retry": ((Status.FAILED,), "retried")}
+
+
+def count_matching(action, run_filter, up_to):
+    """How many runs the bulk `action` (``cancel``, ``retry``) would change
+    now among those `run_filter` selects, counted up to `up_to`."""
+    return sum(1 for _ in itertools.islice(_matching(action, run_filter), up_to))
+
+
+def _each_matching(action, run_filter, change, dry_run):
     done = []
-    for run_id, status in _selected(
-        run_filter, _bulk_statuses(run_filter, [Status.FAILED], "retried")
-    ):
+    for run_id, status in _matching(action, run_filter):
         if dry_run:
             done.append((run_id, status))
             continue
         try:
-            done.append((run_id, retry(run_id)))
+            done.append((run_id, change(run_id)))
         except EverystepError:
-            continue  # retried or changed meanwhile
+            continue  # it ended or changed meanwhile
     return done
 
 
-def _bulk_statuses(run_filter, allowed, verb):
+def _matching(action, run_filter):
+    """``(run id, status)`` of the runs `run_filter` selects that `action`
+    may change; `EverystepError` when the filter's status is not one."""
+    allowed, verb = BULK[action]
     if run_filter.status is None:
-        return list(allowed)
+        return _selected(run_filter, allowed)
     if run_filter.status not in allowed:
         raise EverystepError(
             f"a {run_filter.status} run is not {verb}: only {', '.join(allowed)} runs are"
         )
-    return [run_filter.status]
+    return _selected(run_filter, [run_filter.status])
 
 
 def _selected(run_filter, statuses):

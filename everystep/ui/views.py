@@ -5,9 +5,9 @@ run (its values, steps, graph and timeline), the blocked runs and the
 workers. Each renders `everystep.ui.snapshots` data; asked by htmx, only
 its live part, which the page fetches again when the stream says it
 changed. Actions — resolve a blocked step, cancel a run, retry a failed
-one, requeue a lost worker's runs —
-call the library functions the command line calls, with the same
-refusals, and answer a refusal with its reason.
+one, send it a message, fork it, requeue a lost worker's runs, cancel or
+retry the runs a filter selects — call the library functions the command
+line calls, with the same refusals, and answer a refusal with its reason.
 """
 
 import json
@@ -21,6 +21,7 @@ from django.views.decorators.cache import never_cache
 
 from everystep.control import actions
 from everystep.control.actions import resolve_step
+from everystep.core import command_names
 from everystep.db import reads
 from everystep.errors import EverystepError
 from everystep.models import Workflow
@@ -37,7 +38,11 @@ NOTICES = {
     "requeued": "Requeued: any worker may now resume those runs.",
     "sent": "Sent: the message waits in the run's mailbox for a receive() of its topic.",
     "forked": "Forked: this new run resumes from that step on the code deployed now.",
+    "bulk-cancel": "Cancelled the runs selected; running ones stop at their next step boundary.",
+    "bulk-retry": "Retried the failed runs selected: they are scheduled again.",
 }
+#: The most runs one bulk action of the UI changes; more is for the command line.
+BULK_LIMIT = 10_000
 
 
 def _common(request, **context):
@@ -299,8 +304,57 @@ def requeue(request):
     return _back(reverse("everystep:workers"), "requeued")
 
 
+@access.actor
+@transaction.non_atomic_requests
+def bulk(request, action):
+    """Cancel (``cancel``) or retry (``retry``) the runs the runs page's
+    filter selects. A first POST answers a page naming how many runs that
+    is; its form, confirmed, posts that count back, and the runs are then
+    changed one by one as each would be alone. A count that changed in
+    between is named again instead of acted on."""
+    if action not in actions.BULK:
+        return responses.problem(request, 404, f"{action!r} is not a bulk action")
+    form = request.POST
+    try:
+        selection = filters.active(form)
+        if not selection:
+            raise EverystepError(
+                "choose a filter first; to act on every run, use the command line's --all"
+            )
+        run_filter = filters.run_filter(form)
+        count = actions.count_matching(action, run_filter, BULK_LIMIT + 1)
+    except EverystepError as exc:
+        return responses.problem(request, 400, f"Refused: {exc}")
+    if count > BULK_LIMIT:
+        return responses.problem(
+            request,
+            409,
+            f"Refused: more than {BULK_LIMIT:,} runs; use {command_names.command(action)} "
+            "with the same filters on the command line",
+        )
+    back = f"{reverse('everystep:runs')}?{urllib.parse.urlencode(selection)}"
+    if form.get("confirmed") != str(count) or count == 0:
+        context = {"action": action, "count": count, "selection": selection, "back": back}
+        return responses.page(request, "bulk", _common(request, **context))
+    if action == "cancel":
+        reason = form.get("reason", "").strip()[:500] or None
+        changed = actions.cancel_matching(run_filter, reason)
+    else:
+        changed = actions.retry_matching(run_filter)
+    described = " ".join(f"{name}={value}" for name, value in selection.items())
+    access.acted(
+        request,
+        f"bulk_{action}",
+        f"{action} of {len(changed)} run(s) selected by {described}",
+        count=len(changed),
+        selection=described,
+    )
+    return _back(back, f"bulk-{action}")
+
+
 def _back(url, notice):
-    response = HttpResponseRedirect(f"{url}?notice={notice}")
+    separator = "&" if "?" in url else "?"
+    response = HttpResponseRedirect(f"{url}{separator}notice={notice}")
     response.status_code = 303
     return response
 
