@@ -13,6 +13,8 @@ in its module's docstring:
     claims      bench.claims                claim latency with 1,000,000 finished, then future,
                                             runs; with limits; with 1,000,000 of another queue due
                                             (each backend; PostgreSQL also unprepared)
+    prune       bench.prune                 pruning 1,000,000 finished runs beside a worker:
+                                            its rate, claims and pickup before and during
     flow        bench.flow                  a limited queue's throughput, a rate limit's accuracy
     ui          bench.ui                    operator UI pages with 1,000,000 runs
     replay      bench.replay                resuming a run of 1,000 recorded steps
@@ -52,6 +54,7 @@ SECTIONS = (
     "throughput",
     "pickup",
     "claims",
+    "prune",
     "flow",
     "ui",
     "replay",
@@ -81,6 +84,8 @@ SIZES = {  # name: (full, quick)
     "wake_samples": (60, 15),
     "claim_samples": (200, 50),
     "finished_runs": (1_000_000, 50_000),
+    "prune_runs": (1_000_000, 50_000),
+    "prune_samples": (100, 20),
     "ui_runs": (1_000_000, 50_000),
     "flow_runs": (200, 80),
     "flow_rated": (200, 60),
@@ -197,6 +202,20 @@ def plan(size):
             },
         )
         for backend, name, url_query in claims
+    ]
+    tasks += [
+        Task(
+            "prune",
+            f"prune.{backend}",
+            backend,
+            timeout=1800,
+            options={
+                "runs": size.prune_runs,
+                "samples": size.prune_samples,
+                "log_dir": str(LOGS),
+            },
+        )
+        for backend in report.BACKENDS
     ]
     tasks += [
         Task(

@@ -6,7 +6,6 @@ from django.db.models import Count
 from everystep.core import registry
 from everystep.models import Workflow
 
-
 RUN_TABLES = ("everystep_step", "everystep_message", "everystep_event", "everystep_workflow")
 
 

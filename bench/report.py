@@ -164,6 +164,7 @@ def table(results):
     _throughput(t, get)
     _pickup(t, get)
     _claims(t, get)
+    _prune(t, get)
     _flow(t, get)
     _ui(t, get)
     _replay(t, get)
@@ -369,6 +370,36 @@ def _claims_of(t, get, p, title):
             label_other = f"{label}, and {finished} runs of another queue due"
             other, ratio = get(f"{p}.other_queue_{case}_us"), get(f"{p}.ratio_other_queue_{case}")
             _against_empty(t, label_other, other, ratio)
+
+
+CLAIM_HELD_UP_LIMIT_MS = 100  # SPEC §16: pruning never holds a claim up longer
+
+
+def _prune(t, get):
+    for backend in BACKENDS:
+        p = f"prune.{backend}"
+        if get(f"{p}.prune_seconds") is None:
+            continue
+        pruned = get(f"{p}.pruned_runs")
+        t.heading(f"{backend}: pruning {number(pruned)} finished runs beside a working worker")
+        t.row("prune", get(f"{p}.prune_seconds"), "s", note=f"{get(f'{p}.batches'):,} batches")
+        t.row("runs deleted per second", get(f"{p}.runs_per_second"), "runs/s")
+        t.row("rows deleted per second (runs and steps)", get(f"{p}.rows_per_second"), "rows/s")
+        t.row("a batch's transaction, p99", get(f"{p}.batch_p99_ms"), "ms")
+        t.row("a batch's transaction, max", get(f"{p}.batch_max_ms"), "ms")
+        for phase in ("before", "during"):
+            p50, p99 = get(f"{p}.claim_{phase}_p50_ms"), get(f"{p}.claim_{phase}_p99_ms")
+            longest = get(f"{p}.claim_{phase}_max_ms")
+            note = f"p50 {number(p50)} ms, p99 {number(p99)} ms"
+            if phase == "during":
+                met = longest < CLAIM_HELD_UP_LIMIT_MS
+                note += f"; target < {CLAIM_HELD_UP_LIMIT_MS} ms: {verdict(met)}"
+            t.row(f"a claim {phase} the prune, max", longest, "ms", note=note)
+        for phase in ("before", "during"):
+            p50, p99 = get(f"{p}.pickup_{phase}_p50_ms"), get(f"{p}.pickup_{phase}_p99_ms")
+            longest = get(f"{p}.pickup_{phase}_max_ms")
+            note = f"p99 {number(p99)} ms, max {number(longest)} ms"
+            t.row(f"pickup {phase} the prune, p50", p50, "ms", note=note)
 
 
 def _against_empty(t, label, micros, ratio):

@@ -10,20 +10,18 @@ twice (by the silent worker and by its rescuer) shows in the gate's marks
 while the run's recorded result shows which one was recorded.
 """
 
-import datetime
+import os
 import signal
 import time
 import uuid
 
 import pytest
-from django.utils import timezone
 
 from everystep import schedule
-from everystep.db import workers
 from everystep.models import Step, Worker, Workflow
 from everystep.worker import orphans
-from tests import workflows
-from tests.helpers import recorded_steps, wait_until
+from tests import servers, workflows
+from tests.helpers import query_until_reachable, recorded_steps, wait_until
 from tests.test_metrics import get, metrics_worker, samples, value
 from tests.test_worker_shutdown import opened, started
 
@@ -31,9 +29,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 TIMEOUT = 3.0  # the rescuer's --orphan-timeout, in seconds
 LOOK = orphans.interval(TIMEOUT)  # the rescuer's time between two looks
-# From the silent worker's last heartbeat to its runs claimed again: the
-# timeout, one look, and the claim that follows it.
-RECOVERED_WITHIN = TIMEOUT + LOOK + 3
+# From a worker's death to its runs claimed again: the look that first reads
+# its last heartbeat, the timeout, the look that finds it unchanged, and the
+# claim that follows.
+RECOVERED_WITHIN = TIMEOUT + 2 * LOOK + 3
 
 
 def container_id():
@@ -151,6 +150,24 @@ def test_a_sigstopped_worker_is_recovered_and_its_late_writes_are_dropped_after_
     assert rescuer.wait() == 0
 
 
+def test_an_unsafe_step_in_flight_on_a_dead_worker_leaves_its_run_blocked(spawn_worker, tmp_path):
+    run = schedule(workflows.gated_charge, str(tmp_path))
+    doomed = spawn_worker(container_id()).wait_ready()
+    started(tmp_path, "charge")
+    rescuer = spawn_worker("rescuer", "--orphan-timeout", f"{TIMEOUT:g}").wait_ready()
+    doomed.send(signal.SIGKILL)
+    doomed.wait()
+    wait_until(
+        lambda: statuses([run]) == {Workflow.Status.BLOCKED},
+        timeout=RECOVERED_WITHIN + 30,
+        message="the recovered run blocked on its uncertain step",
+    )
+    assert (tmp_path / "charge.started").read_text() == "x"  # never called again
+    assert list(recorded_steps(run).values()) == [("charge_at_gate", Step.Status.STARTED, None)]
+    rescuer.send(signal.SIGTERM)
+    assert rescuer.wait() == 0
+
+
 def test_a_stable_name_restarted_at_once_takes_its_own_runs_back_first(spawn_worker, tmp_path):
     directories = gates_for(tmp_path, 2)
     runs = [schedule(workflows.gated, str(directory)) for directory in directories]
@@ -172,19 +189,53 @@ def test_a_stable_name_restarted_at_once_takes_its_own_runs_back_first(spawn_wor
         assert worker.wait() == 0
 
 
-def test_a_live_worker_behind_on_its_heartbeat_keeps_its_runs(embedded_worker, tmp_path):
-    """A heartbeat can be late while its worker lives (a clock behind, a slow
-    database): the name it holds keeps its runs from being recovered."""
+def test_a_live_worker_whose_heartbeat_looks_stopped_keeps_its_runs(embedded_worker, tmp_path):
+    """A heartbeat can stop moving while its worker lives (its guard's thread
+    held up by a slow database): the name lock it holds keeps its runs."""
     [directory] = gates_for(tmp_path, 1)
     run = schedule(workflows.gated, str(directory))
-    embedded_worker(name="slow-clock", orphan_timeout=0)
+    embedded_worker(name="held-up", orphan_timeout=0)
     started(directory, "first")
-    an_hour_ago = timezone.now() - datetime.timedelta(hours=1)
-    Worker.objects.filter(name="slow-clock").update(heartbeat_at=an_hour_ago)
-    assert list(workers.silent_with_runs(TIMEOUT, "rescuer")) == ["slow-clock"]
-    assert orphans.OrphanRecovery("rescuer", TIMEOUT, lambda: None).round() == 0
-    assert holders([run]) == {(Workflow.Status.RUNNING, "slow-clock")}
+    impatient = orphans.OrphanRecovery("rescuer", 0.0, lambda: None)  # silent at first sight
+    assert impatient.round() == 0
+    assert holders([run]) == {(Workflow.Status.RUNNING, "held-up")}
     assert complete([run], [directory]) == [[1, 1]]
+
+
+@pytest.mark.backends("postgres", "mariadb")
+def test_a_database_outage_longer_than_the_timeout_makes_no_live_worker_an_orphan(
+    spawn_worker, tmp_path
+):
+    """Every heartbeat stops while the database is away, and a restarted
+    server holds no lock: a watcher that trusted the heartbeats' age would
+    take the runs of a worker that is only reconnecting. Silence counts from
+    the watcher's own reads, which start again after the outage."""
+    server = servers.running_server(os.environ["EVERYSTEP_TEST_DB"])
+    assert server is not None, "this test restarts the server, so it must be the suite's own"
+    [directory] = gates_for(tmp_path, 1)
+    run = schedule(workflows.gated, str(directory))
+    holder_name = container_id()
+    holder = spawn_worker(holder_name).wait_ready()
+    started(directory, "first")
+    watcher = spawn_worker("watcher", "--orphan-timeout", f"{TIMEOUT:g}").wait_ready()
+    server.stop()
+    try:
+        time.sleep(2 * TIMEOUT)  # the outage, longer than the timeout
+    finally:
+        server.start()
+    back_at = time.monotonic()
+    # The window in which a watcher that trusted the heartbeats' age would
+    # recover the run: the run stays with its worker all along.
+    while time.monotonic() - back_at < RECOVERED_WITHIN:
+        held = query_until_reachable(lambda: holders([run]))
+        assert held == {(Workflow.Status.RUNNING, holder_name)}, watcher.log()
+        time.sleep(0.2)
+    assert complete([run], [directory]) == [[1, 1]]
+    assert holders([run]) == {(Workflow.Status.COMPLETED, holder_name)}
+    assert "recovered" not in watcher.log()
+    for worker in (holder, watcher):
+        worker.send(signal.SIGTERM)
+        assert worker.wait() == 0, worker.log()
 
 
 @pytest.mark.parametrize(

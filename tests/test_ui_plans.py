@@ -181,3 +181,34 @@ def test_each_filters_counts_read_only_the_runs_of_each_status(statistics):
             if found and count <= reads.COUNT_CAP:
                 problems.setdefault(name, []).append(f"{status} {found}: {sql}")
     assert problems == {}
+
+
+def test_a_prune_batch_reads_the_runs_that_ended_first_through_an_index():
+    """Retention takes the runs that ended before a time, oldest first, a
+    batch at a time: each batch seeks them through the index of end times
+    (migration 0016), never reads the table, never sorts."""
+    from everystep.db import retention
+
+    ended = timezone.now() - datetime.timedelta(days=60)
+    statuses = ["completed"] * 96 + ["failed", "failed", "stopped", "blocked"]
+    Workflow.objects.bulk_create(
+        [
+            Workflow(
+                name=f"app.flows.flow_{i % 20}",
+                status=statuses[i % 100],
+                completed_at=ended + datetime.timedelta(seconds=i),
+            )
+            for i in range(RUNS)
+        ],
+        batch_size=2_000,
+    )
+    Workflow.objects.bulk_create([Workflow(name="app.flows.flow_1") for _ in range(RUNS // 10)])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "ANALYZE" if connection.vendor != "mysql" else "ANALYZE TABLE everystep_workflow"
+        )
+    before = ended + datetime.timedelta(seconds=RUNS // 2)
+    with CaptureQueriesContext(connection) as queries:
+        assert retention.delete_batch(before, ["completed", "stopped", "cancelled"]) > 0
+    [selected] = [q["sql"] for q in queries.captured_queries if "completed_at" in q["sql"]][:1]
+    assert whole_table_or_sort(plan(selected), may_sort=False) == [], plan(selected)

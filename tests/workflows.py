@@ -268,6 +268,18 @@ def gated(directory):
     return [gate(directory, "first"), gate(directory, "second")]
 
 
+@step(unsafe_to_repeat=True)
+def charge_at_gate(directory):
+    """An unsafe step held at the gate ``charge``: a run interrupted in it
+    is blocked, never charged twice."""
+    return gate(directory, "charge")
+
+
+@workflow
+def gated_charge(directory):
+    return charge_at_gate(directory)
+
+
 @step
 def nap(seconds):
     import time

@@ -127,18 +127,14 @@ def live_workers(now=None):
     )
 
 
-def silent_with_runs(silent_for, asking, now=None):
-    """``{name: heartbeat_at}`` of the workers other than `asking` whose
-    heartbeat is older than `silent_for` seconds and that still hold
-    ``running`` runs: the orphan
-    recovery's candidates (`everystep.worker.orphans`). One statement, an
-    index probe per such worker."""
-    before = (now or timezone.now()) - datetime.timedelta(seconds=silent_for)
+def holding_runs(asking):
+    """``{name: heartbeat_at}`` of the workers other than `asking` that hold
+    ``running`` runs: what the orphan recovery watches
+    (`everystep.worker.orphans`). One statement, an index probe per worker."""
     holding = Workflow.objects.filter(
         claimed_by=models.OuterRef("name"), status=Workflow.Status.RUNNING
     )
-    rows = Worker.objects.filter(heartbeat_at__lt=before).exclude(name=asking)
-    rows = rows.filter(models.Exists(holding))
+    rows = Worker.objects.exclude(name=asking).filter(models.Exists(holding))
     return dict(rows.values_list("name", "heartbeat_at"))
 
 

@@ -5,18 +5,26 @@ A worker that dies without draining (SIGKILL, a lost node, a pod deleted)
 leaves its runs ``running`` under its name. When it comes back under that
 name it takes them back at once (its catchup). But a name may never come
 back — a Deployment's pod, an autoscaled dyno, a container without a
-name — so every worker, every `interval` seconds, looks for workers whose
-heartbeat is older than the orphan timeout and that still hold runs: one
-indexed statement, no lock, no round trip per run.
+name — so every worker, every `interval` seconds, reads the heartbeats of
+the workers that hold runs: one indexed statement, no lock, no round trip
+per run.
 
-When it finds some, one worker at a time recovers them, under the database
+A worker is silent once its heartbeat (refreshed every few seconds) has not
+changed for the orphan timeout, as this worker saw it: silence is measured
+on this worker's own clock between its own reads, never from the
+timestamps of another host's clock, and what it saw is forgotten whenever
+its own reads fail — so a database restart, which stops every heartbeat at
+once, makes nobody silent: each worker's heartbeat moves again as soon as
+it reconnects.
+
+One worker at a time recovers the silent workers' runs, under the database
 lock `LOCK_NAME` that makes the others skip the round. For each silent
 worker it then takes that worker's own name lock, as a worker starting
 under the name would: taken, no live process holds the name and none can
 start under it while the runs are requeued; refused, the holder is alive
-(a clock behind, a slow database) and keeps its runs. On SQLite, whose name
-lock is a file lock the kernel keeps for a stopped process, a holder the
-kernel has stopped counts as silent too.
+and keeps its runs. On SQLite, whose name lock is a file lock the kernel
+keeps for a stopped process, a holder the kernel has stopped counts as
+silent too.
 
 The requeue is fenced like an operator's: the dead worker's late writes
 (a stopped process continued, a partition healed) land on nothing, and a
@@ -27,14 +35,14 @@ is claimed again, as after any crash.
 import logging
 import random
 import threading
+import time
 
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.utils import timezone
 
 from everystep.core import events
 from everystep.db import runs, workers
 from everystep.db.namelock import name_lock
-from everystep.resilience import classify, deadline
+from everystep.resilience import classify, deadline, outage
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +57,10 @@ def interval(timeout):
 
 
 class OrphanRecovery:
-    """The worker `worker`'s look, every `interval(timeout)` seconds, for the
-    runs of workers silent for more than `timeout` seconds; `on_recovered()`
-    is called after runs were requeued, so the worker claims at once."""
+    """The worker `worker`'s watch, every `interval(timeout)` seconds, for
+    the runs of workers silent for more than `timeout` seconds;
+    `on_recovered()` is called after runs were requeued, so the worker
+    claims at once."""
 
     def __init__(self, worker, timeout, on_recovered):
         self.worker = worker
@@ -59,6 +68,9 @@ class OrphanRecovery:
         self.interval = interval(timeout)
         self._on_recovered = on_recovered
         self._stop = threading.Event()
+        # name → (the heartbeat last read, when it was first read: monotonic)
+        self._heard = {}
+        self._generation = outage.tracker.generation
 
     def run(self):
         # Workers started together would look together: spread them out.
@@ -67,6 +79,7 @@ class OrphanRecovery:
                 if self.round():
                     self._on_recovered()
             except Exception as exc:  # noqa: BLE001 - the next look tries again
+                self._heard.clear()  # what went unseen meanwhile is not silence
                 if not classify.is_transient(exc):  # an outage is announced by the loop
                     logger.warning(
                         "looking for orphaned runs failed: %s",
@@ -76,23 +89,40 @@ class OrphanRecovery:
                 connections[DEFAULT_DB_ALIAS].close()
 
     def round(self):
-        """Look once; requeue the runs of the silent workers found, unless
-        another worker is recovering them. Returns how many runs this
-        worker requeued."""
+        """Read the heartbeats once; requeue the runs of the workers silent
+        for the timeout, unless another worker is recovering them. Returns
+        how many runs this worker requeued."""
         connection = connections[DEFAULT_DB_ALIAS]
         with deadline.guard(connection, "looking for orphaned runs"):
-            silent = workers.silent_with_runs(self.timeout, self.worker)
+            heartbeats = workers.holding_runs(self.worker)
+        silent = self._silent(heartbeats)
         if not silent:
             return 0
         lock = name_lock(LOCK_NAME)
         try:
             if not lock.try_acquire():
                 return 0  # another worker is recovering them
-            return sum(self._recover(name, heartbeat) for name, heartbeat in silent.items())
+            return sum(self._recover(name, seconds) for name, seconds in silent.items())
         finally:
             lock.release()
 
-    def _recover(self, name, heartbeat_at):
+    def _silent(self, heartbeats):
+        """``{name: seconds}`` of the workers whose heartbeat in `heartbeats`
+        is the one this worker has read, unchanged, for `timeout` seconds."""
+        now = time.monotonic()
+        if outage.tracker.generation != self._generation:  # an outage of this worker's own
+            self._generation = outage.tracker.generation
+            self._heard.clear()
+        heard = {}
+        for name, heartbeat in heartbeats.items():
+            last, since = self._heard.get(name, (None, now))
+            heard[name] = (heartbeat, since if last == heartbeat else now)
+        self._heard = heard
+        return {
+            name: now - since for name, (_, since) in heard.items() if now - since >= self.timeout
+        }
+
+    def _recover(self, name, silent_for):
         """Requeue the runs of the silent worker `name`, holding its name
         lock so that no worker starts under it meanwhile; 0 if a live
         process holds the name."""
@@ -111,7 +141,7 @@ class OrphanRecovery:
                 "runs_recovered",
                 worker=self.worker,
                 silent_worker=name,
-                silent_for=(timezone.now() - heartbeat_at).total_seconds(),
+                silent_for=silent_for,
                 count=len(requeued),
                 run_list=", ".join(str(run_id) for run_id in requeued),
                 run_ids=requeued,
