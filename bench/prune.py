@@ -14,13 +14,16 @@ beside them. Then, before and during ``prune --older-than 30d``
   so it takes nothing from the worker, yet reads and locks what a claim
   reads and locks;
 - during the prune, each **batch**'s transaction, from its start to its
-  commit: how long the rows it deletes stay locked.
+  commit: how long the rows it deletes stay locked (on SQLite, the whole
+  database's write lock; between two batches its writers get a pause,
+  `retention.yield_to_writers`).
 
 The promise: no claim waits more than 100 ms for the prune. The figures:
 the prune's time, runs and rows (runs and steps) per second, and the p50,
 p99 and max of the pickups, the claims and the batches.
 """
 
+import datetime
 import os
 import random
 import socket
@@ -35,7 +38,8 @@ from bench.common import Workers, percentile, wait_for
 from bench.db import Dialect, analyze
 from bench.pickup import TIMEOUT, WARM_UP, receive_start, scheduled
 from everystep.control import actions
-from everystep.db import claims
+from everystep.core import clock
+from everystep.db import claims, retention
 from everystep.models import Workflow
 
 DAY_MS = 86_400_000
@@ -104,8 +108,9 @@ class ClaimTimer:
 
 
 class Pruning:
-    """`actions.prune` on a thread of its own; `batches` holds each batch's
-    seconds (from the previous batch's end to its own)."""
+    """``prune --older-than 30d`` on a thread of its own: the loop of
+    `actions.prune` (a batch, then the pause SQLite's writers get), each
+    batch's transaction timed, from its start to its commit."""
 
     def __init__(self):
         self.batches = []
@@ -129,16 +134,17 @@ class Pruning:
             raise self.error
 
     def _run(self):
-        began = last = time.perf_counter()
-
-        def batch_done(deleted):
-            nonlocal last
-            now = time.perf_counter()
-            self.batches.append(now - last)
-            self.deleted, last = deleted, now
-
+        before = clock.now() - datetime.timedelta(seconds=RETENTION)
+        began = time.perf_counter()
         try:
-            actions.prune(RETENTION, progress=batch_done)
+            while True:
+                batch_began = time.perf_counter()
+                deleted = retention.delete_batch(before, actions.PRUNED_BY_DEFAULT)
+                if not deleted:
+                    break
+                self.batches.append(time.perf_counter() - batch_began)
+                self.deleted += deleted
+                retention.yield_to_writers()
         except BaseException as exc:  # noqa: BLE001 - raised again by join()
             self.error = exc
         finally:

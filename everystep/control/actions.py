@@ -242,6 +242,7 @@ def prune(older_than, statuses=None, workflow=None, *, dry_run=False, progress=N
         deleted += batch
         if progress is not None:
             progress(deleted)
+        retention.yield_to_writers()
     return deleted
 
 

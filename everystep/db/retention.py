@@ -3,6 +3,8 @@ with its steps, messages and events, in one transaction, a batch of runs at
 a time, so that no transaction holds more than about `BATCH_ROWS` rows and
 the claims of the workers running meanwhile are never held up for long."""
 
+import time
+
 from django.db import connection, transaction
 from django.db.models import Count
 
@@ -10,6 +12,10 @@ from everystep.models import Event, Message, Step, Workflow
 
 #: Rows a batch deletes at most (a run with more records goes alone).
 BATCH_ROWS = 1_000
+#: Seconds SQLite's writers get between two batches: longer than the
+#: longest sleep of its busy handler (100 ms), so that a claim waiting for
+#: the write lock retries while no batch holds it.
+SQLITE_PAUSE = 0.11
 
 
 def finished_runs(before, statuses, workflow=None):
@@ -53,6 +59,16 @@ def delete_batch(before, statuses, workflow=None):
         # The runs, and their steps, messages and events: one DELETE each.
         Workflow.objects.filter(id__in=chosen).delete()
     return len(chosen)
+
+
+def yield_to_writers():
+    """Between two batches: on SQLite, whose one writer at a time is chosen
+    by whoever retries first, not by who waited longest, let the claims
+    that wait for the write lock take it; batches back to back would starve
+    them for as long as the prune lasts. The servers queue their lock
+    waiters and need no pause."""
+    if connection.vendor == "sqlite":
+        time.sleep(SQLITE_PAUSE)
 
 
 def _records_per_run(run_ids):
