@@ -18,21 +18,26 @@ import uuid
 import pytest
 
 from everystep import schedule
+from everystep.db import workers
 from everystep.models import Step, Worker, Workflow
-from everystep.worker import orphans
+from everystep.resilience import outage
+from everystep.worker import nameguard, orphans
 from tests import servers, workflows
-from tests.helpers import query_until_reachable, recorded_steps, wait_until
+from tests.helpers import lost_worker, park, query_until_reachable, recorded_steps, wait_until
 from tests.test_metrics import get, metrics_worker, samples, value
 from tests.test_worker_shutdown import opened, started
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TIMEOUT = 3.0  # the rescuer's --orphan-timeout, in seconds
+TIMEOUT = 10.0  # the rescuer's --orphan-timeout, in seconds: the shortest allowed
 LOOK = orphans.interval(TIMEOUT)  # the rescuer's time between two looks
 # From a worker's death to its runs claimed again: the look that first reads
 # its last heartbeat, the timeout, the look that finds it unchanged, and the
 # claim that follows.
 RECOVERED_WITHIN = TIMEOUT + 2 * LOOK + 3
+# No sooner than the timeout after the last heartbeat, which is at most one
+# heartbeat older than the death.
+RECOVERED_AFTER = TIMEOUT - nameguard.CHECK_INTERVAL
 
 
 def container_id():
@@ -91,7 +96,7 @@ def test_a_sigkilled_worker_with_a_random_name_has_its_runs_completed_by_another
     )
     took = time.monotonic() - killed_at
     print(f"\nrecovered {took:.1f}s after the SIGKILL (timeout {TIMEOUT:g}s, look {LOOK:g}s)")
-    assert took < RECOVERED_WITHIN, rescuer.log()
+    assert RECOVERED_AFTER <= took < RECOVERED_WITHIN, rescuer.log()
 
     for directory in directories:
         wait_until(lambda d=directory: (d / "first.started").read_text() == "xx")
@@ -196,10 +201,77 @@ def test_a_live_worker_whose_heartbeat_looks_stopped_keeps_its_runs(embedded_wor
     run = schedule(workflows.gated, str(directory))
     embedded_worker(name="held-up", orphan_timeout=0)
     started(directory, "first")
-    impatient = orphans.OrphanRecovery("rescuer", 0.0, lambda: None)  # silent at first sight
+    assert "held-up" in workers.holding_runs("rescuer")  # watched...
+    impatient = orphans.OrphanRecovery("rescuer", 0.0, lambda: None)  # ...silent at first sight
     assert impatient.round() == 0
     assert holders([run]) == {(Workflow.Status.RUNNING, "held-up")}
     assert complete([run], [directory]) == [[1, 1]]
+
+
+def test_silence_is_a_heartbeat_unchanged_for_the_timeout_as_the_watcher_reads_it():
+    """Timed between the watcher's own reads: a heartbeat that moves is never
+    silent, whatever its timestamps say; one that stops is, once the timeout
+    has passed; and what the watcher read before an outage of its own is
+    forgotten."""
+    lost_worker("w-gone")  # a heartbeat timestamped long ago
+    parked = park(workflows.quick, 1, worker="w-gone")
+    watcher = orphans.OrphanRecovery("rescuer", 0.5, lambda: None)
+    for _ in range(4):  # for longer than the timeout, its heartbeat moves: alive
+        assert watcher.round() == 0
+        workers.heartbeat("w-gone", Worker.State.READY, 1)
+        time.sleep(0.2)
+    wait_until(lambda: watcher.round() == 1, timeout=10, message="the run recovered")
+    assert holders([parked]) == {(Workflow.Status.SCHEDULED, None)}
+
+    lost_worker("w-gone-too")
+    parked = park(workflows.quick, 2, worker="w-gone-too")
+    assert watcher.round() == 0  # first read
+    time.sleep(0.6)  # past the timeout, unchanged...
+    outage.tracker.generation += 1  # ...but the watcher itself lost the database meanwhile
+    assert watcher.round() == 0  # read again as if for the first time
+    wait_until(lambda: watcher.round() == 1, timeout=10, message="the run recovered")
+
+
+@pytest.mark.backends("postgres", "mariadb")
+def test_a_requeue_is_not_committed_once_the_silent_workers_name_went_to_another(monkeypatch):
+    """The rescuer's hold on the silent worker's name ends while it requeues
+    (its session ended by the server), and a worker restarted under the name
+    takes it: the requeue is rolled back, the runs are the restarted
+    worker's."""
+    from everystep.db import namelock, runs
+
+    lost_worker("w-back")
+    parked = park(workflows.quick, 1, worker="w-back")
+    restarted = namelock.name_lock("w-back")
+    requeue = runs.requeue_runs
+
+    def requeue_then_lose_the_name(**kwargs):
+        requeued = requeue(**kwargs)
+        end_the_session_holding(restarted)
+        wait_until(restarted.try_acquire, message="the name taken by the restarted worker")
+        return requeued
+
+    monkeypatch.setattr(runs, "requeue_runs", requeue_then_lose_the_name)
+    try:
+        assert orphans.OrphanRecovery("rescuer", 0.0, lambda: None).round() == 0
+    finally:
+        restarted.release()
+    assert holders([parked]) == {(Workflow.Status.RUNNING, "w-back")}
+    assert Worker.objects.get(name="w-back").recovered_by is None
+
+
+def end_the_session_holding(lock):
+    """End the database session that holds `lock`'s name, as a server ends
+    an idle one."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(lock.holder_sql, [lock.key])
+        holder = cursor.fetchone()[0]
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_terminate_backend(%s)", [holder])
+        else:
+            cursor.execute(f"KILL CONNECTION {int(holder)}")
 
 
 @pytest.mark.backends("postgres", "mariadb")
@@ -242,7 +314,8 @@ def test_a_database_outage_longer_than_the_timeout_makes_no_live_worker_an_orpha
     ("flags", "env", "message"),
     [
         (["--orphan-timeout", "soon"], None, "--orphan-timeout 'soon' is not a duration"),
-        (["--orphan-timeout=2d"], None, "--orphan-timeout '2d' must be from 0 (off) to 1d"),
+        (["--orphan-timeout=2d"], None, "--orphan-timeout '2d' must be 0 (off) or from 10s"),
+        (["--orphan-timeout=5s"], None, "--orphan-timeout '5s' must be 0 (off) or from 10s"),
         ([], {"EVERYSTEP_ORPHAN_TIMEOUT": "2w"}, "EVERYSTEP_ORPHAN_TIMEOUT='2w' is not a duration"),
     ],
 )

@@ -286,7 +286,7 @@ def test_a_worker_cut_off_alone_is_recovered_and_its_late_writes_are_dropped_aft
     [run] = inside.schedule("gated", [str(tmp_path)], 1)
     lost = inside.worker(spawn_process, "cut-off", group=cut_off).wait_ready()
     started(tmp_path, "first")
-    rescuer = inside.worker(spawn_process, "rescuer", "--orphan-timeout", "3").wait_ready()
+    rescuer = inside.worker(spawn_process, "rescuer", "--orphan-timeout", "10").wait_ready()
 
     inside.ns.partition(inside.server.port, group=cut_off)
     cut_at = time.monotonic()

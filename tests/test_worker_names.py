@@ -145,3 +145,12 @@ def test_a_worker_given_its_name_does_not_warn_whatever_the_host_name(spawn_proc
     assert "worker orders-1 ready" in worker.log() and "looks random" not in worker.log()
     worker.send(signal.SIGTERM)
     assert worker.wait() == 0
+
+
+def test_a_random_host_name_is_still_a_warning_when_no_worker_recovers_orphans(spawn_process):
+    worker = worker_on_host(spawn_process, "3f2a9c1b7d4e", {"EVERYSTEP_ORPHAN_TIMEOUT": "0"})
+    said = [line for line in worker.log().splitlines() if "looks random" in line]
+    assert len(said) == 1 and said[0].startswith("WARNING "), worker.log()
+    assert "EVERYSTEP_ORPHAN_TIMEOUT is 0" in said[0]
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0

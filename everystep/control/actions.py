@@ -219,12 +219,15 @@ PRUNED_BY_DEFAULT = (Status.COMPLETED, Status.STOPPED, Status.CANCELLED)
 PRUNABLE = (*PRUNED_BY_DEFAULT, Status.FAILED, Status.BLOCKED)
 
 
-def prune(older_than, statuses=None, workflow=None, *, dry_run=False, progress=None):
+def prune(
+    older_than, statuses=None, workflow=None, *, dry_run=False, progress=None, should_stop=None
+):
     """Delete the runs that ended more than `older_than` seconds ago in one
     of `statuses` (by default completed, stopped and cancelled), of the
     workflow `workflow` if given, with their steps, messages and events, a
     batch at a time (`everystep.db.retention`); `progress(deleted)` is
-    called after each batch. Returns how many runs were (with `dry_run`:
+    called after each batch, and `should_stop()`, if given, before each
+    next one: True ends the prune there. Returns how many runs were (with `dry_run`:
     would be) deleted. `EverystepError` for a duration that is not more
     than 0 or a status that is not a finished one."""
     if not older_than > 0:
@@ -242,6 +245,8 @@ def prune(older_than, statuses=None, workflow=None, *, dry_run=False, progress=N
         deleted += batch
         if progress is not None:
             progress(deleted)
+        if should_stop is not None and should_stop():
+            break
         retention.yield_to_writers()
     return deleted
 

@@ -219,7 +219,7 @@ COMMANDS = {
             "prune",
             "delete finished runs older than a duration, with their steps and messages",
             "Delete the runs that ended longer ago than --older-than, with their steps, messages "
-            "and events, a batch of at most 1,000 rows per transaction. Completed, stopped and "
+            "and events, a batch of at most 500 rows per transaction. Completed, stopped and "
             "cancelled runs by default; failed and blocked ones only when --status names them.",
             _prune,
         ),

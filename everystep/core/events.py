@@ -81,6 +81,13 @@ EVENTS = {
         DEBUG, "run {run_id} {workflow}: attempt ended {status}", hidden=("exception",)
     ),
     "worker_starting": Event(DEBUG, "worker {worker} starting"),
+    "name_unstable_unrecovered": Event(
+        WARNING,
+        "worker name {worker} is a host name that looks random (a container's id, a pod's "
+        "name) and EVERYSTEP_ORPHAN_TIMEOUT is 0: if the worker dies, the runs it held wait "
+        "parked under this name. Set EVERYSTEP_NAME (or --name) to a name that survives a "
+        "restart, or let other workers recover them (an orphan timeout)",
+    ),
     "name_unstable": Event(
         INFO,
         "worker name {worker} is a host name that looks random (a container's id, a pod's "

@@ -73,12 +73,16 @@ class NameLock:
     def ensure(self, reconnect=False):
         return True
 
+    def still_held(self):
+        """Whether the lock taken is held still (its session may have ended)."""
+        return True
+
     def release(self):
         raise NotImplementedError
 
     def held_by_stopped_process(self):
         """Whether the lock is held by a process the kernel has stopped
-        (SIGSTOP, a frozen container): held, yet not live. A database's own
+        (SIGSTOP): held, yet not live. A database's own
         lock needs no such answer: the server ends the session of a holder
         that stopped answering (`IDLE_SESSION_TIMEOUT`)."""
         return False
@@ -99,6 +103,7 @@ class _ConnectionLock(NameLock):
         self._session_opened_at = None  # when its connection opened (monotonic)
         self._connected_at = None  # when the lock's connection opened (monotonic)
         self._lost = False
+        self._held = False  # taken on the current connection
 
     def lock_key(self, name):
         raise NotImplementedError
@@ -123,6 +128,7 @@ class _ConnectionLock(NameLock):
                         pass
         if self._scalar(self.acquire_sql, [self.key]) != 1:
             return False
+        self._held = True
         self._session = self._scalar(self.session_sql)
         self._session_opened_at = self._connected_at
         return True
@@ -159,13 +165,22 @@ class _ConnectionLock(NameLock):
         self._lost = False
         return True
 
+    def still_held(self):
+        try:
+            return self._held and self._scalar(self.verify_sql, [self.key]) == 1
+        except Exception:  # noqa: BLE001 - a connection that fails holds nothing
+            return False
+
     def release(self):
+        """Let the lock go, if taken (a server logs an unlock of a lock not
+        held), and close its connection."""
         if self._connection is None:
             return
-        try:
-            self._scalar(self.release_sql, [self.key])
-        except Exception:  # noqa: BLE001 - closing the session releases it anyway
-            pass
+        if self._held:
+            try:
+                self._scalar(self.release_sql, [self.key])
+            except Exception:  # noqa: BLE001 - closing the session releases it anyway
+                pass
         self._drop_connection()
 
     def _scalar(self, sql, params=()):
@@ -178,6 +193,7 @@ class _ConnectionLock(NameLock):
         return row[0] if len(row) == 1 else tuple(row)
 
     def _drop_connection(self):
+        self._held = False
         if self._connection is not None:
             try:
                 self._connection.close()
@@ -258,32 +274,50 @@ class FileLock(NameLock):
 
     def held_by_stopped_process(self):
         """A file lock outlives a stopped holder, and no server ends it: ask
-        the kernel which process holds it (``/proc/locks``) and whether that
-        process is stopped (``/proc/PID/stat``)."""
+        the kernel which process holds it (``/proc/locks``, matched by inode
+        and confirmed by the holder's open files, since the device number
+        it prints may not be the one ``stat`` gives) and whether that
+        process is stopped (SIGSTOP: ``/proc/PID/stat`` state ``T``)."""
         try:
-            status = os.stat(self.path)
+            inode = os.stat(self.path).st_ino
             with open("/proc/locks") as locks:
                 lines = locks.read().splitlines()
         except OSError:
             return False
-        file_id = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
         for line in lines:
             fields = line.split()
-            if "->" in fields or len(fields) < 6 or fields[1] != "FLOCK" or fields[5] != file_id:
+            if "->" in fields or len(fields) < 6 or fields[1] != "FLOCK":
                 continue  # "->": a request waiting for the lock, not its holder
-            return _stopped(fields[4])
+            if fields[5].rpartition(":")[2] == str(inode) and _has_open(fields[4], self.path):
+                return _stopped(fields[4])
         return False
 
 
+def _has_open(pid, path):
+    """Whether the process `pid` (text) has the file `path` open."""
+    try:
+        descriptors = os.listdir(f"/proc/{int(pid)}/fd")
+    except (OSError, ValueError):
+        return False
+    target = os.path.realpath(path)
+    for descriptor in descriptors:
+        try:
+            if os.readlink(f"/proc/{int(pid)}/fd/{descriptor}") == target:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def _stopped(pid):
-    """Whether the process `pid` (text) is stopped; False when it is gone or
-    not visible from here."""
+    """Whether the process `pid` (text) is stopped by a signal; False when it
+    is gone or not visible from here (another PID namespace shows as 0)."""
     try:
         with open(f"/proc/{int(pid)}/stat") as stat:
             state = stat.read().rpartition(")")[2].split()[0]
     except (OSError, ValueError, IndexError):
         return False
-    return state in ("T", "t")
+    return state == "T"
 
 
 class ProcessLock(NameLock):

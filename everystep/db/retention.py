@@ -10,12 +10,15 @@ from django.db.models import Count
 
 from everystep.models import Event, Message, Step, Workflow
 
-#: Rows a batch deletes at most (a run with more records goes alone).
-BATCH_ROWS = 1_000
-#: Seconds SQLite's writers get between two batches: longer than the
-#: longest sleep of its busy handler (100 ms), so that a claim waiting for
-#: the write lock retries while no batch holds it.
-SQLITE_PAUSE = 0.11
+#: Rows a batch deletes at most (a run with more records goes alone): a
+#: batch's transaction then lasts some tens of milliseconds, which is as
+#: long as a claim may wait for it.
+BATCH_ROWS = 500
+#: Seconds SQLite's writers get between two batches: longer than the sleep
+#: of its busy handler between two tries once it has waited a batch's time
+#: (25 ms), so that a claim waiting for the write lock takes it before the
+#: next batch does.
+SQLITE_PAUSE = 0.04
 
 
 def finished_runs(before, statuses, workflow=None):

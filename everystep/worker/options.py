@@ -76,9 +76,14 @@ def _retention(value):
     return float(seconds)
 
 
+#: The shortest orphan timeout: two heartbeats (every 5 s). A shorter one
+#: would find every live worker silent between two of its heartbeats.
+MIN_ORPHAN_TIMEOUT = 10.0
+
+
 def _orphan_timeout(value):
-    """An orphan timeout: a duration (``60s``, ``2m``, or seconds); 0 turns
-    the recovery off."""
+    """An orphan timeout: a duration (``60s``, ``2m``, or seconds) from
+    `MIN_ORPHAN_TIMEOUT` to a day; 0 turns the recovery off."""
     from everystep.core import clock
     from everystep.errors import EverystepError
 
@@ -86,8 +91,8 @@ def _orphan_timeout(value):
         seconds = value if isinstance(value, int | float) else clock.parse_duration(str(value))
     except EverystepError:
         raise ValueError("is not a duration: write it as 60s, 2m or 90 (0 turns it off)") from None
-    if not 0 <= seconds <= DAY:
-        raise ValueError("must be from 0 (off) to 1d")
+    if seconds != 0 and not MIN_ORPHAN_TIMEOUT <= seconds <= DAY:
+        raise ValueError(f"must be 0 (off) or from {MIN_ORPHAN_TIMEOUT:g}s (two heartbeats) to 1d")
     return float(seconds)
 
 

@@ -71,6 +71,7 @@ class Worker:
         self._claimer = Claimer(self.options, self._pool, self._guard, self._presence)
         retention = self.options.retention
         self._pruner = Pruner(retention) if retention is not None else None
+        self._pruner_thread = None
         timeout = self.options.orphan_timeout
         self._orphans = OrphanRecovery(self.name, timeout, self._wakeup.set) if timeout else None
 
@@ -125,7 +126,7 @@ class Worker:
             self._pool.start(self._loops)
             self._guard.start(self._loops)
             if self._pruner is not None:
-                self._loops.start("pruner", self._pruner.run)
+                self._pruner_thread = self._loops.start("pruner", self._pruner.run)
             if self._orphans is not None:
                 self._loops.start("orphans", self._orphans.run)
             if self._claimer.catching_up:
@@ -141,7 +142,9 @@ class Worker:
         finally:
             self._wakeup.stop()
             if self._pruner is not None:
-                self._pruner.stop()
+                self._pruner.stop()  # at its next batch: its lock is then released
+                if self._pruner_thread is not None:
+                    self._pruner_thread.join(self.options.db_deadline + 1)
             if self._orphans is not None:
                 self._orphans.stop()
             self._presence.report(WorkerRow.State.STOPPED)

@@ -37,12 +37,12 @@ import random
 import threading
 import time
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from everystep.core import events
 from everystep.db import runs, workers
 from everystep.db.namelock import name_lock
-from everystep.resilience import classify, deadline, outage
+from everystep.resilience import classify, deadline, outage, transient
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class OrphanRecovery:
                         classify.one_line(exc),
                         extra={"action": "orphans_failed"},
                     )
-                connections[DEFAULT_DB_ALIAS].close()
+                transient.drop_after(exc)
 
     def round(self):
         """Read the heartbeats once; requeue the runs of the workers silent
@@ -127,15 +127,13 @@ class OrphanRecovery:
         lock so that no worker starts under it meanwhile; 0 if a live
         process holds the name."""
         name_held = name_lock(name)
-        taken = name_held.try_acquire()
         try:
+            taken = name_held.try_acquire()
             if not taken and not name_held.held_by_stopped_process():
                 return 0
-            requeued = runs.requeue_runs(claimed_by=name)
-            if requeued:
-                workers.recovered(name, self.worker, len(requeued))
+            requeued = self._requeue(name, name_held if taken else None)
         finally:
-            name_held.release()  # a lock not taken: its connection is closed
+            name_held.release()
         if requeued:
             events.announce(
                 "runs_recovered",
@@ -147,6 +145,24 @@ class OrphanRecovery:
                 run_ids=requeued,
             )
         return len(requeued)
+
+    def _requeue(self, name, name_held):
+        """Requeue the runs held under `name` in one transaction, bounded by
+        the worker's database deadline, and commit it only while the name's
+        lock (`name_held`, when one was taken) is still held: a lock whose
+        session ended while the requeue waited (for rows a cut-off
+        transaction still locks) may have gone to a worker restarted under
+        the name, whose runs these now are. Returns the ids requeued."""
+        connection = connections[DEFAULT_DB_ALIAS]
+        with deadline.guard(connection, f"requeueing the runs of worker {name}"):
+            with transaction.atomic():
+                requeued = runs.requeue_runs(claimed_by=name)
+                if name_held is not None and not name_held.still_held():
+                    transaction.set_rollback(True)
+                    return []
+                if requeued:
+                    workers.recovered(name, self.worker, len(requeued))
+        return requeued
 
     def stop(self):
         self._stop.set()

@@ -3,8 +3,9 @@ once at start and then once an hour, a worker deletes the runs that ended
 longer ago than the retention (`everystep.control.actions.prune`, its
 defaults: completed, stopped and cancelled runs). One worker at a time:
 each round is taken under a database lock that a worker holding it makes
-the others skip. Pruning goes a batch of at most 1,000 rows at a time, so
-the claims of the workers never wait long for it."""
+the others skip. Pruning goes a batch of at most 500 rows at a time, so
+the claims of the workers never wait long for it, and a worker that stops
+ends its round at the next batch."""
 
 import logging
 import threading
@@ -45,7 +46,7 @@ class Pruner:
         try:
             if not lock.try_acquire():
                 return None
-            deleted = actions.prune(self.retention)
+            deleted = actions.prune(self.retention, should_stop=self._stop.is_set)
         finally:
             lock.release()
         if deleted:

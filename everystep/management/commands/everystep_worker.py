@@ -39,7 +39,10 @@ class Command(BaseCommand):
         except options.OptionError as exc:
             raise CommandError(str(exc), returncode=2) from None
         if not flags.get("name") and options.unstable_name(os.environ):
-            events.announce("name_unstable", worker=resolved.name)
+            recovered = resolved.orphan_timeout > 0
+            events.announce(
+                "name_unstable" if recovered else "name_unstable_unrecovered", worker=resolved.name
+            )
         worker = Worker(resolved)
         try:
             worker.run()
