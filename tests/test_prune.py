@@ -75,10 +75,10 @@ def test_a_batch_holds_at_most_its_rows_and_a_big_run_goes_alone():
     deleted = actions.prune(DAY, progress=batches.append)
     assert deleted == len(small) + 1
     sizes = [after - before for before, after in zip([0, *batches], batches, strict=False)]
-    assert retention.BATCH_ROWS <= 1_000  # SPEC §16
-    full = len(small) // retention.BATCH_ROWS
-    rest = [len(small) % retention.BATCH_ROWS] if len(small) % retention.BATCH_ROWS else []
-    assert sizes == [retention.BATCH_ROWS] * full + rest + [1]  # oldest first; the big run alone
+    limit = retention.batch_rows()
+    assert limit <= 1_000  # SPEC §16
+    full, rest = divmod(len(small), limit)
+    assert sizes == [limit] * full + ([rest] if rest else []) + [1]  # the big run alone, last
     assert big.id not in remaining()
 
 
