@@ -97,13 +97,17 @@ def claim_latency(samples, waiting, served=None, claim=None):
 def load_finished_runs(count):
     """Bulk-load `count` completed runs, created and due one a second
     before now, then ANALYZE."""
-    _load(count, "completed", due_ms="{now} - i * 1000", created_ms="{now} - i * 1000", done=True)
+    load_runs(
+        count, "completed", due_ms="{now} - i * 1000", created_ms="{now} - i * 1000", done=True
+    )
 
 
 def load_future_runs(count):
     """Bulk-load `count` scheduled runs due from tomorrow on, one a second,
     then ANALYZE."""
-    _load(count, "scheduled", due_ms="{now} + 86400000 + i * 1000", created_ms="{now}", done=False)
+    load_runs(
+        count, "scheduled", due_ms="{now} + 86400000 + i * 1000", created_ms="{now}", done=False
+    )
 
 
 PARKED = 10_000
@@ -114,7 +118,7 @@ FOREVER_MS = int(clock.FOREVER.timestamp() * 1000)
 def load_parked_runs(count):
     """Bulk-load `count` runs parked in a ``receive("payment")`` without a
     timeout, then ANALYZE."""
-    _load(
+    load_runs(
         count,
         "scheduled",
         due_ms=str(FOREVER_MS),
@@ -133,7 +137,7 @@ def remove_parked_runs():
 def load_other_queue_runs(count):
     """Bulk-load `count` scheduled runs of the queue ``other``, due one a
     second before now, then ANALYZE."""
-    _load(
+    load_runs(
         count,
         "scheduled",
         due_ms="{now} - i * 1000",
@@ -143,14 +147,19 @@ def load_other_queue_runs(count):
     )
 
 
-def _load(count, status, due_ms, created_ms, done, queue="default", wait_topic=None):
+def load_runs(
+    count, status, due_ms, created_ms, done, queue="default", wait_topic=None, ended_ms="{now}"
+):
+    """Bulk-load `count` runs in `status`, their times computed from their
+    number ``i`` and ``{now}`` (milliseconds); ended (at `ended_ms`) if
+    `done`. Then ANALYZE."""
     sql = Dialect(connection.vendor)
     now = int(time.time() * 1000)
     due_ms, created_ms = due_ms.format(now=now), created_ms.format(now=now)
     # Random ids on PostgreSQL; elsewhere UUIDv7-shaped ones, unique by i
     # and their due time.
     run_id = "gen_random_uuid()" if sql.vendor == "postgresql" else sql.run_id(due_ms)
-    completed = sql.moment(str(now)) if done else "NULL"
+    completed = sql.moment(ended_ms.format(now=now)) if done else "NULL"
     args = sql.json("'[]'")
     topic = "NULL" if wait_topic is None else f"'{wait_topic}'"
     with connection.cursor() as cursor:

@@ -32,8 +32,8 @@ import time
 
 from django.db import connection, connections, transaction
 
+from bench import claims as claims_bench
 from bench import workflows
-from bench.claims import CHUNK
 from bench.common import Workers, percentile, wait_for
 from bench.db import Dialect, analyze
 from bench.pickup import TIMEOUT, WARM_UP, receive_start, scheduled
@@ -50,35 +50,21 @@ NO_RUNS = ["bench.workflows.no_such_workflow"]  # a claim that takes nothing
 
 def load_ended_runs(count):
     """Bulk-load `count` completed runs that ended 60 days ago and more, one
-    a second, each with one done step; then ANALYZE."""
+    a second (`bench.claims`), then one done step for each; then ANALYZE."""
+    ended_ms = f"{{now}} - {60 * DAY_MS} - i * 1000"
+    claims_bench.load_runs(count, "completed", ended_ms, ended_ms, done=True, ended_ms=ended_ms)
     sql = Dialect(connection.vendor)
-    now = int(time.time() * 1000)
-    ended_ms = f"{now} - {60 * DAY_MS} - i * 1000"
-    ended = sql.moment(ended_ms)
-    with connection.cursor() as cursor:
-        for first in range(1, count + 1, CHUNK):
-            last = min(count, first + CHUNK - 1)
-            with transaction.atomic():
-                cursor.execute(
-                    "INSERT INTO everystep_workflow "
-                    "(id, name, args, status, created_at, run_at, completed_at, queue) "
-                    f"SELECT {sql.run_id(ended_ms)}, 'bench.workflows.one_step', "
-                    f"{_json(sql, '[]')}, 'completed', {ended}, {ended}, {ended}, 'default' "
-                    f"FROM {sql.numbers(first, last)}"
-                )
-                cursor.execute(
-                    "INSERT INTO everystep_step "
-                    "(workflow_id, step_id, name, args, kwargs, status, result, started_at, "
-                    "finished_at, attempts) "
-                    f"SELECT {sql.run_id(ended_ms)}, '1', 'bench.workflows.started_at', "
-                    f"{_json(sql, '[]')}, {_json(sql, '{}')}, 'done', {_json(sql, '1')}, "
-                    f"{ended}, {ended}, 1 FROM {sql.numbers(first, last)}"
-                )
+    no_args, no_kwargs, result = (sql.json(f"'{value}'") for value in ("[]", "{}", "1"))
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO everystep_step "
+            "(workflow_id, step_id, name, args, kwargs, status, result, started_at, "
+            "finished_at, attempts) "
+            f"SELECT id, '1', 'bench.workflows.started_at', {no_args}, {no_kwargs}, 'done', "
+            f"{result}, completed_at, completed_at, 1 "
+            "FROM everystep_workflow WHERE status = 'completed'"
+        )
     analyze("everystep_workflow", "everystep_step", vacuum=True)
-
-
-def _json(sql, text):
-    return sql.json(f"'{text}'")
 
 
 class ClaimTimer:

@@ -74,6 +74,19 @@ def complete(runs, directories):
     return [Workflow.objects.get(id=run.id).result for run in runs]
 
 
+def held_in_its_first_step(spawn_worker, tmp_path, watcher="rescuer"):
+    """A gated run held at its first gate by a worker with a random name,
+    and another worker watching with the orphan timeout `TIMEOUT`: (the
+    gates' directory, the run, the holder's name, the holder, the watcher)."""
+    [directory] = gates_for(tmp_path, 1)
+    run = schedule(workflows.gated, str(directory))
+    name = container_id()
+    holder = spawn_worker(name).wait_ready()
+    started(directory, "first")
+    watching = spawn_worker(watcher, "--orphan-timeout", f"{TIMEOUT:g}").wait_ready()
+    return directory, run, name, holder, watching
+
+
 def test_a_sigkilled_worker_with_a_random_name_has_its_runs_completed_by_another_in_time(
     spawn_worker, tmp_path
 ):
@@ -120,12 +133,7 @@ def test_a_sigstopped_worker_is_recovered_and_its_late_writes_are_dropped_after_
     server's idle timeout) or, on SQLite, the kernel says it is stopped; its
     run is then recovered. Continued, it finishes the step it was in and its
     write is refused: the run keeps the rescuer's steps, each once."""
-    [directory] = gates_for(tmp_path, 1)
-    run = schedule(workflows.gated, str(directory))
-    frozen_name = container_id()
-    frozen = spawn_worker(frozen_name).wait_ready()
-    started(directory, "first")
-    rescuer = spawn_worker("rescuer", "--orphan-timeout", f"{TIMEOUT:g}").wait_ready()
+    directory, run, frozen_name, frozen, rescuer = held_in_its_first_step(spawn_worker, tmp_path)
 
     frozen.send(signal.SIGSTOP)
     try:
@@ -284,12 +292,9 @@ def test_a_database_outage_longer_than_the_timeout_makes_no_live_worker_an_orpha
     the watcher's own reads, which start again after the outage."""
     server = servers.running_server(os.environ["EVERYSTEP_TEST_DB"])
     assert server is not None, "this test restarts the server, so it must be the suite's own"
-    [directory] = gates_for(tmp_path, 1)
-    run = schedule(workflows.gated, str(directory))
-    holder_name = container_id()
-    holder = spawn_worker(holder_name).wait_ready()
-    started(directory, "first")
-    watcher = spawn_worker("watcher", "--orphan-timeout", f"{TIMEOUT:g}").wait_ready()
+    directory, run, holder_name, holder, watcher = held_in_its_first_step(
+        spawn_worker, tmp_path, watcher="watcher"
+    )
     server.stop()
     try:
         time.sleep(2 * TIMEOUT)  # the outage, longer than the timeout

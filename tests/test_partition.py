@@ -99,27 +99,26 @@ class Inside:
 
 
 def read_steps(url):
-    """Every step's (run id, status) in recorded order: on a connection of its own."""
-    conn = driver_connection(url, timeout=5, read_timeout=10)
-    try:
-        with conn.cursor() as cursor:
-            cursor.execute("SELECT workflow_id, status FROM everystep_step ORDER BY id")
-            rows = cursor.fetchall()
-    finally:
-        conn.close()
+    """Every step's (run id, status) in recorded order."""
+    rows = read(url, "SELECT workflow_id, status FROM everystep_step ORDER BY id")
     return [(str(uuid.UUID(str(run_id))), status) for run_id, status in rows]
 
 
 def read_runs(url):
-    """Every run's (status, claimed_by) by id: on a connection of its own, closed after."""
+    """Every run's (status, claimed_by) by id."""
+    rows = read(url, "SELECT id, status, claimed_by FROM everystep_workflow")
+    return {str(uuid.UUID(str(run_id))): (status, claimed) for run_id, status, claimed in rows}
+
+
+def read(url, sql):
+    """The rows of `sql`, on a connection of its own, closed after."""
     conn = driver_connection(url, timeout=5, read_timeout=10)
     try:
         with conn.cursor() as cursor:
-            cursor.execute("SELECT id, status, claimed_by FROM everystep_workflow")
-            rows = cursor.fetchall()
+            cursor.execute(sql)
+            return cursor.fetchall()
     finally:
         conn.close()
-    return {str(uuid.UUID(str(run_id))): (status, claimed) for run_id, status, claimed in rows}
 
 
 @pytest.fixture
