@@ -87,6 +87,8 @@ class OrphanRecovery:
                         extra={"action": "orphans_failed"},
                     )
                 transient.drop_after(exc)
+            finally:
+                connections[DEFAULT_DB_ALIAS].close()  # not held between two reads
 
     def round(self):
         """Read the heartbeats once; requeue the runs of the workers silent
