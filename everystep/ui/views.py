@@ -184,7 +184,7 @@ def resolve(request, run_id):
 @transaction.non_atomic_requests
 def cancel(request, run_id):
     """Cancel the run: at once, or at its next step boundary if it runs."""
-    reason = request.POST.get("reason", "").strip()[:500] or None
+    reason = _reason(request.POST)
     try:
         status = actions.cancel(run_id, reason)
     except EverystepError as exc:
@@ -337,8 +337,7 @@ def bulk(request, action):
         context = {"action": action, "count": count, "selection": selection, "back": back}
         return responses.page(request, "bulk", _common(request, **context))
     if action == "cancel":
-        reason = form.get("reason", "").strip()[:500] or None
-        changed = actions.cancel_matching(run_filter, reason)
+        changed = actions.cancel_matching(run_filter, _reason(form))
     else:
         changed = actions.retry_matching(run_filter)
     described = " ".join(f"{name}={value}" for name, value in selection.items())
@@ -350,6 +349,11 @@ def bulk(request, action):
         selection=described,
     )
     return _back(back, f"bulk-{action}")
+
+
+def _reason(form):
+    """A cancel's reason as its form gives it: None when left empty."""
+    return form.get("reason", "").strip()[:500] or None
 
 
 def _back(url, notice):

@@ -62,18 +62,24 @@ def _boolean(value):
     raise ValueError("is not a boolean: use true or false")
 
 
-def _retention(value):
-    """A retention: a duration (``30d``, ``12h``, or seconds), more than 0."""
+def _seconds_of(value, examples):
+    """`value` (a number, or a duration such as ``30d`` or ``90m``) in
+    seconds; `ValueError` naming `examples` otherwise."""
     from everystep.core import clock
     from everystep.errors import EverystepError
 
     try:
-        seconds = value if isinstance(value, int | float) else clock.parse_duration(str(value))
+        return float(value if isinstance(value, int | float) else clock.parse_duration(str(value)))
     except EverystepError:
-        raise ValueError("is not a duration: write it as 30d, 12h or 90m") from None
+        raise ValueError(f"is not a duration: write it as {examples}") from None
+
+
+def _retention(value):
+    """A retention: a duration (``30d``, ``12h``, or seconds), more than 0."""
+    seconds = _seconds_of(value, "30d, 12h or 90m")
     if not seconds > 0:
         raise ValueError("must be more than 0")
-    return float(seconds)
+    return seconds
 
 
 #: The shortest orphan timeout: two heartbeats (every 5 s). A shorter one
@@ -84,16 +90,10 @@ MIN_ORPHAN_TIMEOUT = 10.0
 def _orphan_timeout(value):
     """An orphan timeout: a duration (``60s``, ``2m``, or seconds) from
     `MIN_ORPHAN_TIMEOUT` to a day; 0 turns the recovery off."""
-    from everystep.core import clock
-    from everystep.errors import EverystepError
-
-    try:
-        seconds = value if isinstance(value, int | float) else clock.parse_duration(str(value))
-    except EverystepError:
-        raise ValueError("is not a duration: write it as 60s, 2m or 90 (0 turns it off)") from None
+    seconds = _seconds_of(value, "60s, 2m or 90 (0 turns it off)")
     if seconds != 0 and not MIN_ORPHAN_TIMEOUT <= seconds <= DAY:
         raise ValueError(f"must be 0 (off) or from {MIN_ORPHAN_TIMEOUT:g}s (two heartbeats) to 1d")
-    return float(seconds)
+    return seconds
 
 
 def port_number(value):

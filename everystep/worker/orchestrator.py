@@ -69,11 +69,14 @@ class Worker:
         self._presence = Presence(self.options, self._pool)
         self._guard = NameGuard(self.name, self._presence.heartbeat, self._wakeup.set)
         self._claimer = Claimer(self.options, self._pool, self._guard, self._presence)
-        retention = self.options.retention
-        self._pruner = Pruner(retention) if retention is not None else None
-        self._pruner_thread = None
-        timeout = self.options.orphan_timeout
-        self._orphans = OrphanRecovery(self.name, timeout, self._wakeup.set) if timeout else None
+        retention, timeout = self.options.retention, self.options.orphan_timeout
+        # The background chores this worker does for all: started after the
+        # name is held, stopped at the drain's end.
+        chores = (
+            Pruner(retention) if retention is not None else None,
+            OrphanRecovery(self.name, timeout, self._wakeup.set) if timeout else None,
+        )
+        self._chores = [chore for chore in chores if chore is not None]
 
     @property
     def abandoned(self):
@@ -125,10 +128,8 @@ class Worker:
             listening = self._wakeup.listen(self._loops)
             self._pool.start(self._loops)
             self._guard.start(self._loops)
-            if self._pruner is not None:
-                self._pruner_thread = self._loops.start("pruner", self._pruner.run)
-            if self._orphans is not None:
-                self._loops.start("orphans", self._orphans.run)
+            for chore in self._chores:
+                chore.start(self._loops)
             if self._claimer.catching_up:
                 self._wait(self._turn())
             self._presence.ready = True
@@ -141,12 +142,8 @@ class Worker:
             self._shutdown.drain(self._pool, self._presence, self._wakeup)
         finally:
             self._wakeup.stop()
-            if self._pruner is not None:
-                self._pruner.stop()  # at its next batch: its lock is then released
-                if self._pruner_thread is not None:
-                    self._pruner_thread.join(self.options.db_deadline + 1)
-            if self._orphans is not None:
-                self._orphans.stop()
+            for chore in self._chores:  # each ends at its next step, releasing its lock
+                chore.stop(timeout=self.options.db_deadline + 1)
             self._presence.report(WorkerRow.State.STOPPED)
             # During an outage the guard may be blocked on the lock's
             # connection: do not wait for it (the session ends with the

@@ -71,6 +71,11 @@ class OrphanRecovery:
         # name → (the heartbeat last read, when it was first read: monotonic)
         self._heard = {}
         self._generation = outage.tracker.generation
+        self._thread = None
+
+    def start(self, loops):
+        """Watch on a thread of `loops` (`everystep.worker.loops.Loops`)."""
+        self._thread = loops.start("orphans", self.run)
 
     def run(self):
         # Workers started together would look together: spread them out.
@@ -166,5 +171,9 @@ class OrphanRecovery:
                     workers.recovered(name, self.worker, len(requeued))
         return requeued
 
-    def stop(self):
+    def stop(self, timeout):
+        """Stop watching; wait up to `timeout` seconds for a recovery under
+        way to end and release its locks."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)

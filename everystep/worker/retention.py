@@ -28,6 +28,11 @@ class Pruner:
         self.retention = retention
         self.interval = interval
         self._stop = threading.Event()
+        self._thread = None
+
+    def start(self, loops):
+        """Prune on a thread of `loops` (`everystep.worker.loops.Loops`)."""
+        self._thread = loops.start("pruner", self.run)
 
     def run(self):
         while not self._stop.is_set():
@@ -58,5 +63,9 @@ class Pruner:
             )
         return deleted
 
-    def stop(self):
+    def stop(self, timeout):
+        """Stop at the next batch, which releases the lock; wait up to
+        `timeout` seconds for that."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
