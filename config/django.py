@@ -8,6 +8,8 @@ from everystep_config.database import database_settings
 
 from everystep.observe import logs
 
+SESSION_ALIAS = "everystep_session"
+
 
 def django_settings(env, *, workflows=(), ui=False):
     """Settings for ``django.conf.settings.configure()``; `workflows` are the
@@ -27,6 +29,11 @@ def django_settings(env, *, workflows=(), ui=False):
         "DEFAULT_AUTO_FIELD": "django.db.models.BigAutoField",
         "LOGGING_CONFIG": None,  # logging is set up by `logging_config`, below
     }
+    if env.session_url:
+        # The worker's session-level work (its name lock, LISTEN) goes
+        # there when the database URL goes through a pooler.
+        settings["DATABASES"][SESSION_ALIAS] = database_settings(env.session_url)
+        settings["EVERYSTEP_SESSION_DATABASE"] = SESSION_ALIAS
     if ui:
         settings.update(ui_settings(env))
     return settings

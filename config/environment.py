@@ -116,6 +116,12 @@ class Environment:
     platform_database_url = environ.var(
         None, name="DATABASE_URL", help="used when EVERYSTEP_DATABASE_URL is not set"
     )
+    session_url = environ.var(
+        None,
+        help="a direct connection to the same database (or a pooler's in session mode) for the "
+        "worker's name lock and LISTEN, when the database URL goes through a connection pooler "
+        "in transaction mode (PgBouncer)",
+    )
     workflows = environ.var(
         None,
         converter=_listing(","),
@@ -177,11 +183,26 @@ def load(environ_mapping):
         raise ConfigError(f"missing {', '.join(exc.args)}") from None
     load_worker(environ_mapping)
     try:
-        database_settings(env.effective_database_url)
+        database = database_settings(env.effective_database_url)
     except DatabaseURLError as exc:
         message = f"{env.database_variable}: {exc}"
         raise ConfigError(mask(message, url_secrets(env.effective_database_url))) from None
+    if env.session_url:
+        _check_session_url(env.session_url, database["ENGINE"])
     return env
+
+
+def _check_session_url(url, engine):
+    """Refuse a session URL that cannot serve the database `engine` names."""
+    try:
+        session = database_settings(url)
+    except DatabaseURLError as exc:
+        raise ConfigError(mask(f"EVERYSTEP_SESSION_URL: {exc}", url_secrets(url))) from None
+    if session["ENGINE"] != engine or engine.endswith("sqlite3"):
+        raise ConfigError(
+            "EVERYSTEP_SESSION_URL: must be a PostgreSQL or MariaDB/MySQL URL of the same "
+            "database as the database URL"
+        )
 
 
 def load_worker(environ_mapping):
@@ -198,6 +219,8 @@ def secrets(env):
     """The strings no output may show: the database URL's passwords, the
     Sentry DSN's keys and the UI's password and key."""
     found = url_secrets(env.effective_database_url)
+    if env.session_url:
+        found |= url_secrets(env.session_url)
     found |= {value for value in (env.ui.password, env.ui.secret_key) if value}
     if env.sentry_dsn:
         try:

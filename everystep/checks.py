@@ -11,6 +11,8 @@ with its fix as the hint.
 - ``everystep.W002``: a SQLite database without the WAL journal or
   immediate transactions: a worker and a web process then fail each other
   with "database is locked".
+- ``everystep.E002``: ``EVERYSTEP_SESSION_DATABASE`` names no database of
+  ``DATABASES``.
 - ``everystep.I001`` (``--deploy``): a PostgreSQL database without
   server-side binding and prepared statements, which halve the cost of a
   step's writes.
@@ -25,7 +27,7 @@ SQLITE_OPTIONS = (
 
 POSTGRES_OPTIONS = (
     'DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5} '
-    "(prepare_threshold None behind a pooler in transaction mode)"
+    "(behind a pooler, a worker turns prepared statements off by itself)"
 )
 
 
@@ -55,6 +57,23 @@ def check_workflows(app_configs=None, **kwargs):
             )
         ]
     return []
+
+
+@checks.register("everystep")
+def check_session_database(app_configs=None, **kwargs):
+    from django.conf import settings
+
+    alias = getattr(settings, "EVERYSTEP_SESSION_DATABASE", None)
+    if alias is None or alias in settings.DATABASES:
+        return []
+    return [
+        checks.Error(
+            f"EVERYSTEP_SESSION_DATABASE names {alias!r}, which is not in DATABASES",
+            hint="name the DATABASES entry of a direct connection to the same database "
+            "(for the worker's name lock and LISTEN), or remove the setting",
+            id="everystep.E002",
+        )
+    ]
 
 
 def _databases(engine):

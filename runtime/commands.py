@@ -197,6 +197,8 @@ def check(env, args):
 
     problems = []
     print(f"database:   {masked_url(env.effective_database_url)}")
+    if env.session_url:
+        print(f"sessions:   {masked_url(env.session_url)}")
     print(f"workflows:  {', '.join(env.workflows) or '(EVERYSTEP_WORKFLOWS not set)'}")
     for name in registry.names():
         print(f"  {name}")

@@ -25,6 +25,24 @@ def _fresh_state():
     runner.fault = None
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _pooler_lets_the_test_database_go(request):
+    """On the pgbouncer backend, PgBouncer keeps server connections to the
+    test database: close them before the database is dropped."""
+    from tests.plugin import current_backend
+
+    if current_backend() != "pgbouncer":
+        yield
+        return
+    request.getfixturevalue("django_db_setup")  # torn down after this fixture
+    yield
+    from django.db import connection
+
+    from tests import servers
+
+    servers.pgbouncer_admin(f"KILL {connection.settings_dict['NAME']}")
+
+
 @pytest.fixture
 def calls():
     """How many times each test step function really executed."""

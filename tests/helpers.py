@@ -2,8 +2,12 @@
 what it recorded, simulate a crash, wait on a condition with a deadline."""
 
 import time
+import urllib.parse
 
 import pytest
+
+from tests import servers
+from tests.plugin import current_backend
 
 WORKER = "tests"
 
@@ -115,7 +119,23 @@ def database_url():
     scheme = "postgres" if connection.vendor == "postgresql" else "mysql"
     password = f":{quote(settings['PASSWORD'], safe='')}" if settings["PASSWORD"] else ""
     user = quote(settings["USER"], safe="")
-    return f"{scheme}://{user}{password}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
+    port = settings["PORT"]
+    if current_backend() == "pgbouncer":
+        port = urllib.parse.urlsplit(servers.server_url("pgbouncer")).port
+    return f"{scheme}://{user}{password}@{settings['HOST']}:{port}/{settings['NAME']}"
+
+
+def session_url():
+    """The direct URL of the test database, for the sessions of the worker
+    subprocesses (`EVERYSTEP_SESSION_URL`) when their database URL goes
+    through PgBouncer; None on every other backend."""
+    if current_backend() != "pgbouncer":
+        return None
+    from django.db import connection
+
+    settings = connection.settings_dict
+    direct = urllib.parse.urlsplit(servers.server_url("postgres"))
+    return direct._replace(path=f"/{settings['NAME']}").geturl()
 
 
 def query_until_reachable(query, timeout=60.0):

@@ -1,10 +1,14 @@
 """pytest plugin for everystep's test suite.
 
-- checks EVERYSTEP_TEST_DB (postgres, mariadb or sqlite; sqlite by default)
-  before anything, Django settings included, is loaded;
+- checks EVERYSTEP_TEST_DB (postgres, mariadb, sqlite — the default — or
+  pgbouncer) before anything, Django settings included, is loaded;
 - shows the backend in the report header;
 - deselects tests marked ``@pytest.mark.backends(...)`` that do not list the
   current backend;
+- on ``pgbouncer`` — PostgreSQL, with the worker processes a test starts
+  reaching it through PgBouncer in transaction mode — runs the worker
+  tests only (`POOLED_MODULES`), and a test marked for ``postgres`` runs
+  there too;
 - stops the database servers the run started, whether the tests passed or not.
 
 Django is not imported here: this module loads before Django is configured.
@@ -16,7 +20,19 @@ import os
 
 import pytest
 
-BACKENDS = ("postgres", "mariadb", "sqlite")
+BACKENDS = ("postgres", "mariadb", "sqlite", "pgbouncer")
+# What the pgbouncer backend runs: the tests of worker processes, whose
+# claims, steps, name lock and wake-ups then go through the pooler.
+POOLED_MODULES = (
+    "test_pgbouncer.py",
+    "test_worker_claims.py",
+    "test_worker_names.py",
+    "test_worker_outage.py",
+    "test_worker_recovery.py",
+    "test_worker_shutdown.py",
+    "test_crash_window.py",
+    "test_orphans.py",
+)
 
 
 def current_backend() -> str:
@@ -36,7 +52,10 @@ def pytest_load_initial_conftests(early_config, parser, args):
 
 
 def pytest_report_header(config) -> str:
-    return f"everystep database backend: {current_backend()} (EVERYSTEP_TEST_DB)"
+    header = f"everystep database backend: {current_backend()} (EVERYSTEP_TEST_DB)"
+    if current_backend() == "pgbouncer":
+        header += f"; the worker tests only: {', '.join(POOLED_MODULES)}"
+    return header
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -48,7 +67,11 @@ def pytest_collection_modifyitems(config, items) -> None:
         unknown = set(marker.args if marker else ()) - set(BACKENDS)
         if unknown:
             raise pytest.UsageError(f"{item.nodeid}: unknown backend(s) {sorted(unknown)}")
-        if marker is None or backend in marker.args:
+        if backend == "pgbouncer" and item.path.name not in POOLED_MODULES:
+            deselected.append(item)
+        elif marker is None or backend in marker.args:
+            selected.append(item)
+        elif backend == "pgbouncer" and "postgres" in marker.args:
             selected.append(item)
         else:
             deselected.append(item)

@@ -23,6 +23,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,14 +33,21 @@ START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 POLL_INTERVAL = 0.05
 
-ENV_VARS = {"postgres": "EVERYSTEP_TEST_PG_URL", "mariadb": "EVERYSTEP_TEST_MARIADB_URL"}
+ENV_VARS = {
+    "postgres": "EVERYSTEP_TEST_PG_URL",
+    "mariadb": "EVERYSTEP_TEST_MARIADB_URL",
+    "pgbouncer": "EVERYSTEP_TEST_PGBOUNCER_URL",
+}
 FIX = "run `make test`, which installs it, or scripts/install-test-deps"
 PG_OS_USER = "everystep-test"
 # Both servers ask for a password over TCP, as production servers do, so
 # that wrong credentials can be tested.
 PASSWORD = "everystep-test-password"
+# PgBouncer's server connections per database and user: fewer than a test's
+# workers hold, so that they share them as a pooler's clients do.
+PGBOUNCER_POOL_SIZE = 10
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # PgBouncer starts PostgreSQL under it
 _started: dict[str, DatabaseServer] = {}
 _temp_dirs: dict[str, Path] = {}
 
@@ -226,7 +234,79 @@ def start_mariadb(base_dir: Path) -> DatabaseServer:
     return server
 
 
-_STARTERS = {"postgres": start_postgres, "mariadb": start_mariadb}
+def start_pgbouncer(base_dir: Path) -> DatabaseServer:
+    """Start PgBouncer in transaction mode in front of the test PostgreSQL
+    (started first if need be), as a platform's pooler stands in front of
+    its database: every database name passes through, the password is
+    checked (SCRAM), and the pool is smaller than the clients it serves.
+    Its admin console is the database ``pgbouncer`` (`pgbouncer_admin`)."""
+    pgbouncer = shutil.which("pgbouncer", path="/usr/sbin:/usr/bin:/sbin:" + os.environ["PATH"])
+    if pgbouncer is None:
+        raise RuntimeError(f"PgBouncer not found (pgbouncer): {FIX}")
+    postgres = urllib.parse.urlsplit(server_url("postgres"))
+    base_dir = Path(base_dir)
+    base_dir.mkdir(parents=True, exist_ok=True)
+    run_as = {}
+    if os.geteuid() == 0:  # PgBouncer refuses to run as root
+        uid, gid = _postgres_os_user()
+        os.chown(base_dir, uid, gid)
+        _let_others_traverse(base_dir)
+        run_as = {"user": uid, "group": gid, "extra_groups": []}
+    port = free_port()
+    (base_dir / "userlist.txt").write_text(f'"everystep" "{PASSWORD}"\n')
+    (base_dir / "pgbouncer.ini").write_text(
+        "[databases]\n"
+        f"* = host=127.0.0.1 port={postgres.port}\n"
+        "[pgbouncer]\n"
+        "listen_addr = 127.0.0.1\n"
+        f"listen_port = {port}\n"
+        "unix_socket_dir =\n"
+        "auth_type = scram-sha-256\n"
+        f"auth_file = {base_dir / 'userlist.txt'}\n"
+        "admin_users = everystep\n"
+        "pool_mode = transaction\n"
+        f"default_pool_size = {PGBOUNCER_POOL_SIZE}\n"
+        "max_client_conn = 1000\n"
+        "ignore_startup_parameters = extra_float_digits\n"
+        f"pidfile = {base_dir / 'pgbouncer.pid'}\n"
+    )
+    for name in ("userlist.txt", "pgbouncer.ini"):
+        if run_as:
+            os.chown(base_dir / name, run_as["user"], run_as["group"])
+    pg_isready = _postgres_bin_dir() / "pg_isready"
+    server = DatabaseServer(
+        backend="pgbouncer",
+        url=f"postgres://everystep:{PASSWORD}@127.0.0.1:{port}/everystep",
+        port=port,
+        base_dir=base_dir,
+        command=[pgbouncer, base_dir / "pgbouncer.ini"],
+        ready_command=[pg_isready, "-q", "-t", "5", "-h", "127.0.0.1", "-p", str(port)],
+        stop_signal=signal.SIGINT,  # PgBouncer's immediate shutdown
+        run_as=run_as,
+    )
+    server.start()
+    return server
+
+
+def pgbouncer_admin(command: str) -> list:
+    """Run `command` (``RECONNECT``, ``PAUSE``, ``SHOW POOLS`` …) on the test
+    PgBouncer's admin console and return its rows."""
+    import psycopg  # only the tests that drive PgBouncer need the driver here
+
+    url = urllib.parse.urlsplit(server_url("pgbouncer"))
+    with psycopg.connect(
+        host="127.0.0.1",
+        port=url.port,
+        user="everystep",
+        password=PASSWORD,
+        dbname="pgbouncer",
+        autocommit=True,
+    ) as admin:
+        cursor = admin.execute(command)
+        return cursor.fetchall() if cursor.description else []
+
+
+_STARTERS = {"postgres": start_postgres, "mariadb": start_mariadb, "pgbouncer": start_pgbouncer}
 
 
 def server_url(backend: str) -> str:

@@ -1,9 +1,11 @@
 """Django settings for the test suite.
 
-The backend comes from ``EVERYSTEP_TEST_DB`` (postgres, mariadb or sqlite).
-``EVERYSTEP_DATABASE_URL``, when set, names the database outright: the
-suite sets it for the worker subprocesses it starts, so they use its test
-database.
+The backend comes from ``EVERYSTEP_TEST_DB`` (postgres, mariadb, sqlite or
+pgbouncer). ``EVERYSTEP_DATABASE_URL``, when set, names the database
+outright: the suite sets it for the worker subprocesses it starts, so they
+use its test database — on pgbouncer, through PgBouncer, with
+``EVERYSTEP_SESSION_URL`` the direct connection for their sessions. The
+test process itself talks to PostgreSQL directly.
 """
 
 import atexit
@@ -26,9 +28,12 @@ if _url is None:
         atexit.register(shutil.rmtree, _directory, ignore_errors=True)
         _url = f"sqlite:///{_directory}/everystep.sqlite3"
     else:
-        _url = servers.server_url(BACKEND)
+        _url = servers.server_url("postgres" if BACKEND == "pgbouncer" else BACKEND)
 
 DATABASES = {"default": database_settings(_url)}
+if os.environ.get("EVERYSTEP_SESSION_URL"):
+    DATABASES["everystep_session"] = database_settings(os.environ["EVERYSTEP_SESSION_URL"])
+    EVERYSTEP_SESSION_DATABASE = "everystep_session"
 if BACKEND == "sqlite" and "EVERYSTEP_DATABASE_URL" not in os.environ:
     # A file, not Django's shared in-memory test database: worker threads and
     # subprocesses must all see it.

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from tests.helpers import database_url, wait_until
+from tests import servers
+from tests.helpers import database_url, session_url, wait_until
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -78,7 +79,7 @@ class WorkerProcess:
 def manage_py_environment(extra=None):
     """The environment of a ``manage.py everystep_worker`` on the test database."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVERYSTEP_")}
-    for keep in ("EVERYSTEP_TEST_DB", "EVERYSTEP_TEST_PG_URL", "EVERYSTEP_TEST_MARIADB_URL"):
+    for keep in ("EVERYSTEP_TEST_DB", *servers.ENV_VARS.values()):
         if keep in os.environ:
             env[keep] = os.environ[keep]
     env.update(
@@ -87,6 +88,8 @@ def manage_py_environment(extra=None):
         PYTHONPATH=str(REPO),
         PYTHONUNBUFFERED="1",
     )
+    if session_url():
+        env["EVERYSTEP_SESSION_URL"] = session_url()
     env.update(extra or {})
     return env
 

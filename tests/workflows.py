@@ -573,3 +573,18 @@ def insert_twice(key):
 @workflow
 def inserts_twice(key):
     insert_twice(key)
+
+
+@step
+def journal(path, key):
+    """Append `key` to the file `path`, one line per execution: a test
+    process counts there what worker processes executed."""
+    with open(path, "a") as lines:
+        lines.write(f"{key}\n")
+    return key
+
+
+@workflow
+def journaled(path, n, steps):
+    """`steps` journaled steps: each execution of each leaves one line."""
+    return [journal(path, f"{n}:{i}") for i in range(steps)]

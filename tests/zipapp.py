@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import database_url
+from tests.helpers import database_url, session_url
 from tests.workerproc import REPO
 
 PYZ = REPO / "dist" / "everystep.pyz"
@@ -40,6 +40,8 @@ def workflow_environment(url=None, **variables):
         "EVERYSTEP_WORKFLOWS": "tests.workflows",
         "EVERYSTEP_PATH": str(REPO),
     }
+    if url is None and session_url():
+        defaults["EVERYSTEP_SESSION_URL"] = session_url()
     return clean_environment(**{**defaults, **variables})
 
 

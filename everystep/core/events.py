@@ -141,6 +141,13 @@ EVENTS = {
         DEBUG,
         "database unavailable while {what} (attempt {attempt}), retrying in {delay:.2f}s: {error}",
     ),
+    "behind_pooler": Event(
+        INFO,
+        "the database is reached through a connection pooler: the engine prepares no "
+        "statements there (a pooler in transaction mode may run a statement prepared on one "
+        "server session on another), sets the claim's settings per transaction, and leaves "
+        "ending cut-off sessions to the pooler",
+    ),
     "sessions_ended": Event(
         INFO,
         "ended {count} database session(s) left open by connections cut off earlier: "

@@ -57,6 +57,7 @@ from everystep.core import clock, registry
 from everystep.core.fence import Fence
 from everystep.db import sql
 from everystep.models import Queue, Step, Workflow
+from everystep.resilience import sessions
 
 RUNNING = Workflow.Status.RUNNING
 SCHEDULED = Workflow.Status.SCHEDULED
@@ -703,6 +704,11 @@ def _claim_in_one_round_trip(worker_name, limit, workflows, served, token, now, 
             for statement, statement_params in statements:
                 cursor.execute(statement, statement_params)
             rows = cursor.fetchall()
+    elif sessions.pooled():
+        # Through a pooler each transaction may meet another server session:
+        # the settings travel with the claim's own transaction.
+        settings = [(f"SET LOCAL {setting}", None) for setting in CLAIM_SETTINGS]
+        rows = _pipelined(db, [*settings, *statements])
     else:
         _apply_claim_settings(db)
         if locking:

@@ -15,7 +15,7 @@ from everystep.core import serde
 from everystep.db import runs
 from everystep.errors import EverystepError
 from everystep.models import Workflow
-from everystep.resilience import deadline
+from everystep.resilience import deadline, sessions
 
 POLL_SECONDS = 1.0
 CHANNEL = "everystep_ended"
@@ -66,12 +66,14 @@ def wait(run_id, timeout=None):
 
 
 class _Listener:
-    """A connection of its own LISTENing to ``everystep_ended`` for one run.
-    A failure to listen is not the wait's: it falls back to polling."""
+    """A connection of its own LISTENing to ``everystep_ended`` for one run,
+    on the database alias of session-level work
+    (`everystep.resilience.sessions.session_alias`). A failure to listen is
+    not the wait's: it falls back to polling."""
 
     def __init__(self, run_id):
         self.run_id = str(run_id)
-        self.db = connections.create_connection(DEFAULT_DB_ALIAS)
+        self.db = connections.create_connection(sessions.session_alias())
         self.raw = None
         try:
             with deadline.guard(self.db, "listening for the end of a run"):

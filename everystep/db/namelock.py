@@ -13,6 +13,13 @@ and to end the session when idle for `IDLE_SESSION_TIMEOUT` seconds; the
 worker checks the lock every few seconds, so only a dead or cut-off worker
 is ever that idle.
 
+The lock's connection goes to the database alias of the engine's
+session-level work (`everystep.resilience.sessions.session_alias`). A
+lock reached through a connection pooler that was not declared a session
+of its own is refused (`ConfigurationError`): in transaction mode the
+pooler would hand the lock's session to other clients, and a second worker
+could take the name on it.
+
 A lock lost with its connection (a restart, a partition) is taken again by
 `ensure()` before the worker claims anything more. If the server still
 shows the lock held by this worker's own previous session, that session is
@@ -31,6 +38,7 @@ import time
 from django.db import DatabaseError, connections
 
 from everystep.core import events
+from everystep.errors import ConfigurationError
 from everystep.resilience import deadline, sessions
 from everystep.resilience.timeouts import KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL
 
@@ -41,8 +49,10 @@ class NameLost(Exception):
     """Another process took this worker's name while its lock was lost."""
 
 
-def name_lock(name, alias="default"):
-    """The right `NameLock` for the database behind `alias`."""
+def name_lock(name, alias=None):
+    """The right `NameLock` for the database behind `alias` (by default
+    the one for session-level work)."""
+    alias = alias or sessions.session_alias()
     vendor = connections[alias].vendor
     if vendor == "postgresql":
         return AdvisoryLock(name, alias)
@@ -126,12 +136,30 @@ class _ConnectionLock(NameLock):
                             cursor.execute(statement)
                     except DatabaseError:  # an older server without it: best effort
                         pass
+            self._refuse_an_undeclared_pooler()
         if self._scalar(self.acquire_sql, [self.key]) != 1:
             return False
         self._held = True
         self._session = self._scalar(self.session_sql)
         self._session_opened_at = self._connected_at
         return True
+
+    def _refuse_an_undeclared_pooler(self):
+        """Raise `ConfigurationError` if a connection pooler stands between
+        the lock's connection and the server and nobody declared it a
+        session of its own. One query, when the lock's connection opens."""
+        server_session_id = self._scalar(sessions.SESSION_ID_SQL[self._connection.vendor])
+        if sessions.declared_session(self.alias):
+            return
+        if sessions.behind_pooler(self._connection, server_session_id):
+            self._drop_connection()
+            raise ConfigurationError(
+                "the database is reached through a connection pooler (the server's session id "
+                "is not the connection's), where the lock on the worker's name and LISTEN have "
+                "no session of their own: set EVERYSTEP_SESSION_URL (the Django setting "
+                "EVERYSTEP_SESSION_DATABASE) to a direct connection, or to the pooler in "
+                "session mode"
+            )
 
     def ensure(self, reconnect=False):
         """Check the lock is held; if it was lost with its connection, take it

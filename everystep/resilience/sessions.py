@@ -15,13 +15,24 @@ someone else's session: on the same server as when the worker started, or
 since it last changed (a failover, a restart: `note_server`), a PostgreSQL
 pid must belong to a backend as old as the connection that opened it, and a
 MariaDB/MySQL connection id to a server that has been up since then.
+
+A connection pooler in transaction mode (PgBouncer) hands each transaction
+to whichever server session is free: a session-level lock or LISTEN there
+lands on a session that other clients share. The engine tells a pooler
+from the server by the session id each gives (`behind_pooler`): the one
+the driver got when it connected is the pooler's own. The name lock and
+LISTEN then go to the database alias declared a session of its own
+(`session_alias`, the ``EVERYSTEP_SESSION_DATABASE`` setting), and no
+session is ever ended through the pooler: its ids name nothing on the
+server, and its server sessions are its own to end.
 """
 
 import threading
 import time
 from collections import deque
 
-from django.db import DatabaseError
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from everystep.core import events
 from everystep.resilience import deadline
@@ -51,13 +62,53 @@ _MYSQL_UNKNOWN_THREAD = 1094
 
 _abandoned = {}  # session id → when its connection opened (monotonic)
 _server = None  # (the server's identity, since when it is known (monotonic))
+_pooled = False  # whether the default database is reached through a pooler
 _lock = threading.Lock()
 
-# What tells one server (or one life of it) from another behind the same URL.
+# What tells one server (or one life of it) from another behind the same
+# URL, and the session's id as the server gives it.
 _SERVER_SQL = {
-    "postgresql": "SELECT pg_postmaster_start_time()::text",
-    "mysql": "SELECT CONCAT_WS(':', @@hostname, @@port, @@server_id)",
+    "postgresql": "SELECT pg_postmaster_start_time()::text, pg_backend_pid()",
+    "mysql": "SELECT CONCAT_WS(':', @@hostname, @@port, @@server_id), CONNECTION_ID()",
 }
+# The session's id as the server gives it, alone.
+SESSION_ID_SQL = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
+
+
+def session_alias():
+    """The database alias of the engine's session-level work — the worker's
+    name lock and its LISTEN: the one the ``EVERYSTEP_SESSION_DATABASE``
+    setting names, else the default."""
+    return getattr(settings, "EVERYSTEP_SESSION_DATABASE", None) or DEFAULT_DB_ALIAS
+
+
+def declared_session(alias):
+    """Whether `alias` was declared a session of its own (a direct
+    connection, or a pooler's in session mode), pooler or not."""
+    return alias == getattr(settings, "EVERYSTEP_SESSION_DATABASE", None)
+
+
+def driver_session_id(wrapper):
+    """The session id the driver of `wrapper` (connected) got at its start:
+    the server's, or a pooler's own. No round trip."""
+    raw = wrapper.connection
+    if wrapper.vendor == "postgresql":
+        return raw.info.backend_pid
+    if wrapper.vendor == "mysql":
+        return raw.thread_id()
+    return None
+
+
+def behind_pooler(wrapper, server_session_id):
+    """Whether a pooler stands between `wrapper` and the server, which gave
+    its session the id `server_session_id`."""
+    return driver_session_id(wrapper) != server_session_id
+
+
+def pooled():
+    """Whether the default database is reached through a connection pooler
+    (known once `note_server` ran)."""
+    return _pooled
 
 
 class Note:
@@ -86,11 +137,8 @@ def on_connection_created(sender, connection, **kwargs):
     note = connection.__dict__.get("everystep_note")
     if note is None:
         note = connection.everystep_note = Note()
-    raw = connection.connection
-    if connection.vendor == "postgresql":
-        note.sessions.append((raw.info.backend_pid, time.monotonic()))
-    elif connection.vendor == "mysql":
-        note.sessions.append((raw.thread_id(), time.monotonic()))
+    if connection.vendor in ("postgresql", "mysql"):
+        note.sessions.append((driver_session_id(connection), time.monotonic()))
 
 
 def abandon(wrapper):
@@ -100,6 +148,9 @@ def abandon(wrapper):
     note = noted(wrapper)
     if note is None or not note.sessions:
         return  # no session, or ones already remembered or closed properly
+    if _pooled:
+        note.sessions.clear()  # a pooler's ids name no server session
+        return
     with _lock:
         for sid, opened_at in note.sessions:
             if len(_abandoned) >= MAX_REMEMBERED:
@@ -116,20 +167,41 @@ def forget(wrapper):
 
 
 def note_server(wrapper):
-    """Note which server `wrapper` talks to; sessions opened before it last
-    changed are never ended (their ids may name other sessions there). One
-    query; called when a worker starts and before ending sessions."""
-    global _server
+    """Note which server `wrapper` (the default database) talks to, and
+    whether through a pooler; sessions opened before the server last changed
+    are never ended (their ids may name other sessions there), nor any behind
+    a pooler. One query; called when a worker starts and before ending
+    sessions."""
+    global _server, _pooled
     if wrapper.vendor not in _SERVER_SQL:
         return
     with wrapper.cursor() as cursor:
         cursor.execute(_SERVER_SQL[wrapper.vendor])
-        identity = cursor.fetchone()[0]
+        identity, server_session_id = cursor.fetchone()
+    pooled_now = behind_pooler(wrapper, server_session_id)
+    if pooled_now and not _pooled:
+        _prepare_nothing(wrapper)
+        events.announce("behind_pooler")
+    _pooled = pooled_now
     with _lock:
+        if _pooled:
+            _abandoned.clear()
         if _server is None:
             _server = (identity, 0.0)  # the first one seen: every session so far is there
         elif _server[0] != identity:
             _server = (identity, time.monotonic())
+
+
+def _prepare_nothing(wrapper):
+    """Turn psycopg's prepared statements off on `wrapper`'s connection and
+    on every connection of its alias opened from now on: behind a pooler in
+    transaction mode a statement prepared on one server session may be
+    executed on another, which never saw it (PgBouncer keeps them across its
+    sessions only from 1.21, with ``max_prepared_statements`` set)."""
+    if wrapper.vendor != "postgresql":
+        return
+    wrapper.settings_dict.setdefault("OPTIONS", {})["prepare_threshold"] = None
+    wrapper.connection.prepare_threshold = None
 
 
 def forget_abandoned():

@@ -7,13 +7,14 @@ Each is idempotent: a process that runs a worker again sets them again.
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from everystep.observe import metrics, sentry, tracing
-from everystep.resilience import deadline, timeouts
+from everystep.resilience import deadline, sessions, timeouts
 
 
 def prepare(options):
     """Set up this process for a worker with `options` (`WorkerOptions`)."""
     deadline.seconds = options.db_deadline
-    timeouts.harden(connections[DEFAULT_DB_ALIAS].settings_dict)
+    for alias in {DEFAULT_DB_ALIAS, sessions.session_alias()}:
+        timeouts.harden(connections[alias].settings_dict)
     metrics.install()
     sentry.install()
     tracing.install()

@@ -7,9 +7,11 @@ moment a run is scheduled. A trigger (migration 0002) notifies ``everystep_sched
 transaction that makes a run ``scheduled``; a `Listener` thread holds a
 connection that LISTENs on it and calls `on_notify` for each delivery. The
 worker still polls: notifications only shorten the wait, so a lost one (a
-reconnect, PgBouncer in transaction mode, where LISTEN does not work — turn
-it off there) costs at most one poll interval. After a lost connection the
-listener reconnects and LISTENs again.
+reconnect) costs at most one poll interval. After a lost connection the
+listener reconnects and LISTENs again. It listens on the database alias of
+the engine's session-level work
+(`everystep.resilience.sessions.session_alias`), as the name lock does: a
+pooler in transaction mode would deliver nothing.
 
 A listening connection only reads, so a database that went silent would
 never fail it: every `PING_INTERVAL` seconds the listener asks the server
@@ -83,7 +85,7 @@ class Wakeup:
         whether it listens."""
         if not self._options.notify or connection.vendor != "postgresql":
             return False
-        self._listener = Listener(self.notified)
+        self._listener = Listener(self.notified, sessions.session_alias())
         loops.start("listener", self._listener.run)
         return True
 
@@ -97,7 +99,7 @@ class Listener:
     scheduled: `due` is when it falls due (Unix seconds, as text; migration
     0009), and `on_notify()` alone after (re)connecting."""
 
-    def __init__(self, on_notify, alias="default"):
+    def __init__(self, on_notify, alias):
         self.on_notify = on_notify
         self.alias = alias
         self._stop = threading.Event()
