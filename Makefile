@@ -17,7 +17,7 @@ PYTHON ?= python3
 VENV := .venv
 PYZ := dist/everystep.pyz
 PYZ_SOURCES := pyproject.toml scripts/build-pyz $(shell find everystep config runtime -type f -not -path '*/__pycache__/*')
-BACKENDS ?= postgres mariadb sqlite
+BACKENDS ?= postgres mariadb sqlite pgbouncer
 PYTEST_ARGS ?=
 
 .PHONY: run venv test pyz bench lint clean

@@ -10,6 +10,9 @@ in its module's docstring:
     steps       bench.steps, bench.limits   physical limit, recorded step cost
     throughput  bench.throughput            worker processes draining a queue
     pickup      bench.pickup                schedule() to first step, idle worker
+    many        bench.many                  16 workers on one PostgreSQL, directly and through
+                                            PgBouncer, beside 1 worker with the same total pool:
+                                            claims per run, connections, lock waits, throughput
     claims      bench.claims                claim latency with 1,000,000 finished, then future,
                                             runs; with limits; with 1,000,000 of another queue due
                                             (each backend; PostgreSQL also unprepared)
@@ -53,6 +56,7 @@ SECTIONS = (
     "steps",
     "throughput",
     "pickup",
+    "many",
     "claims",
     "prune",
     "flow",
@@ -93,6 +97,9 @@ SIZES = {  # name: (full, quick)
     "replay_repeat": (5, 2),
     "start_repeat": (5, 2),
     "zipapp_repeat": (3, 1),
+    "many_workers": (16, 4),
+    "many_runs": (2000, 200),
+    "many_trickle": (200, 20),
     "peer_runs": (2000, 200),
     "peer_samples": (200, 20),
 }
@@ -184,6 +191,29 @@ def plan(size):
         )
         for backend in report.BACKENDS
         for wake in ("message", "result")
+    ]
+    # (prefix, workers, pool, through PgBouncer): the same total pool.
+    many = [
+        ("postgres.16w", size.many_workers, 32 // size.many_workers, False),
+        ("postgres.1w", 1, 32, False),
+        ("pgbouncer.16w", size.many_workers, 32 // size.many_workers, True),
+        ("pgbouncer.1w", 1, 32, True),
+    ]
+    tasks += [
+        Task(
+            "many",
+            f"many.{prefix}",
+            timeout=900,
+            options={
+                "workers": workers,
+                "pool": pool,
+                "runs": size.many_runs,
+                "trickle": size.many_trickle,
+                "pooled": pooled,
+                "log_dir": str(LOGS),
+            },
+        )
+        for prefix, workers, pool, pooled in many
     ]
     # PostgreSQL also without prepared statements, as behind PgBouncer in
     # transaction mode: every claim is then planned afresh.
@@ -284,7 +314,10 @@ def run_task(task, databases, workdir):
             task.prefix.split(".")[1], url, *task.options["args"], timeout=task.timeout
         )
     url = databases.fresh(task.backend) + task.url_query
-    return harness.measure(url, task.section, task.timeout, **task.options)
+    options = dict(task.options)
+    if options.pop("pooled", False):
+        options["pooler_url"] = databases.through_pooler(url)
+    return harness.measure(url, task.section, task.timeout, **options)
 
 
 def parse_arguments():

@@ -131,6 +131,7 @@ def start_process(command, env, **options):
 
 
 CLAIM_LINE = re.compile(r" claimed (\d+) run\(s\)")
+PEERS_LINE = re.compile(r" is one of (\d+) ready worker")
 
 
 class WorkerProcess:
@@ -147,6 +148,7 @@ class WorkerProcess:
         self.log_path = pathlib.Path(log_path)
         self.claims = 0
         self.claimed = 0
+        self.peers = 0  # the ready workers serving the same, as it last counted them
         self.ready_after = None  # seconds from exec to the ready line
         self._ready = threading.Event()
         self._tail = []
@@ -166,6 +168,9 @@ class WorkerProcess:
                 if not self._ready.is_set() and " ready: " in line:
                     self.ready_after = time.perf_counter() - self._began
                     self._ready.set()
+                peers = PEERS_LINE.search(line)
+                if peers:
+                    self.peers = int(peers.group(1))
                 claimed = CLAIM_LINE.search(line)
                 if claimed:
                     self.claims += 1

@@ -37,9 +37,18 @@ class Databases:
         if backend not in self.servers:
             from tests import servers
 
+            if backend == "pgbouncer":  # in front of the suite's PostgreSQL
+                postgres = self.server("postgres").url
+                self.servers[backend] = servers.start_pgbouncer(self.workdir / backend, postgres)
+                return self.servers[backend]
             start = {"postgres": servers.start_postgres, "mariadb": servers.start_mariadb}
             self.servers[backend] = start[backend](self.workdir / backend)
         return self.servers[backend]
+
+    def through_pooler(self, url):
+        """`url`, a database on the suite's PostgreSQL, through PgBouncer."""
+        port = self.server("postgres").port
+        return url.replace(f":{port}/", f":{self.server('pgbouncer').port}/", 1)
 
     def fresh(self, backend, migrate=True):
         """The URL of a new, empty database on `backend`; migrated for
@@ -77,7 +86,7 @@ class Databases:
             execute("postgres", self.servers["postgres"].url, "CHECKPOINT")
 
     def stop(self):
-        for server in self.servers.values():
+        for server in reversed(list(self.servers.values())):  # the pooler first
             server.stop()
 
 

@@ -163,6 +163,7 @@ def table(results):
     _steps(t, get)
     _throughput(t, get)
     _pickup(t, get)
+    _many(t, get)
     _claims(t, get)
     _prune(t, get)
     _flow(t, get)
@@ -297,6 +298,45 @@ def _pickup(t, get):
     if wakes:
         t.heading("waking a parked run, idle worker, poll 0.2 s")
         _pickup_rows(t, get, wakes)
+
+
+def _many(t, get):
+    shapes = [
+        ("postgres", "PostgreSQL, directly"),
+        ("pgbouncer", "PostgreSQL through PgBouncer (transaction mode), sessions direct"),
+    ]
+    for where, title in shapes:
+        many, one = f"many.{where}.16w", f"many.{where}.1w"
+        if get(f"{many}.drain_runs_per_s") is None:
+            continue
+        workers, pool = get(f"{many}.workers"), get(f"{many}.pool")
+        t.heading(f"many workers: {workers} of pool {pool}, {title}")
+        note = "target ≤ 3, whatever the idle workers"
+        t.row("trickle: claims per run", get(f"{many}.trickle_claims_per_run"), "", note=note)
+        t.row("trickle: pickup p50", get(f"{many}.trickle_pickup_p50_ms"), "ms")
+        t.row("trickle: pickup p99", get(f"{many}.trickle_pickup_p99_ms"), "ms")
+        t.row("drain: claims per run", get(f"{many}.drain_claims_per_run"), "", note=note)
+        rate, single = get(f"{many}.drain_runs_per_s"), get(f"{one}.drain_runs_per_s")
+        ratio = f"{rate / single:.2f}× one worker of pool 32" if rate and single else ""
+        t.row("drain: 5-step runs per second", rate, "runs/s", note=ratio)
+        t.row("drain: workers' CPU per run", get(f"{many}.drain_worker_cpu_ms_per_run"), "ms")
+        share = get(f"{many}.drain_lock_wait_share")
+        t.row("drain: samples with a lock wait", None if share is None else share * 100, "%")
+        held = get(f"{many}.idle_server_connections")
+        note = f"of max_connections {get(f'{many}.max_connections')}"
+        t.row("server connections, workers idle", held, "", note=note)
+        if get(f"{one}.drain_runs_per_s") is not None:
+            t.row("1 worker, pool 32: 5-step runs per second", single, "runs/s")
+            t.row(
+                "1 worker, pool 32: claims per run (trickle)",
+                get(f"{one}.trickle_claims_per_run"),
+                "",
+            )
+            t.row(
+                "1 worker, pool 32: server connections idle",
+                get(f"{one}.idle_server_connections"),
+                "",
+            )
 
 
 def _pickup_rows(t, get, modes):

@@ -143,6 +143,10 @@ def start_postgres(base_dir: Path) -> DatabaseServer:
             data,
             "-c",
             "max_connections=200",
+            # What each statement cost, and how often it ran: the many-workers
+            # test counts the claims in it.
+            "-c",
+            "shared_preload_libraries=pg_stat_statements",
         ],
         ready_command=[bin_dir / "pg_isready", "-q", "-t", "5", *host, "-d", "postgres"],
         # SIGINT is PostgreSQL's fast shutdown; SIGTERM would wait for every
@@ -234,16 +238,17 @@ def start_mariadb(base_dir: Path) -> DatabaseServer:
     return server
 
 
-def start_pgbouncer(base_dir: Path) -> DatabaseServer:
-    """Start PgBouncer in transaction mode in front of the test PostgreSQL
-    (started first if need be), as a platform's pooler stands in front of
-    its database: every database name passes through, the password is
-    checked (SCRAM), and the pool is smaller than the clients it serves.
-    Its admin console is the database ``pgbouncer`` (`pgbouncer_admin`)."""
+def start_pgbouncer(base_dir: Path, postgres_url: str | None = None) -> DatabaseServer:
+    """Start PgBouncer in transaction mode in front of the PostgreSQL at
+    `postgres_url` (by default the test server, started first if need be),
+    as a platform's pooler stands in front of its database: every database
+    name passes through, the password is checked (SCRAM), and the pool is
+    smaller than the clients it serves. Its admin console is the database
+    ``pgbouncer`` (`pgbouncer_admin`)."""
     pgbouncer = shutil.which("pgbouncer", path="/usr/sbin:/usr/bin:/sbin:" + os.environ["PATH"])
     if pgbouncer is None:
         raise RuntimeError(f"PgBouncer not found (pgbouncer): {FIX}")
-    postgres = urllib.parse.urlsplit(server_url("postgres"))
+    postgres = urllib.parse.urlsplit(postgres_url or server_url("postgres"))
     base_dir = Path(base_dir)
     base_dir.mkdir(parents=True, exist_ok=True)
     run_as = {}
@@ -288,12 +293,13 @@ def start_pgbouncer(base_dir: Path) -> DatabaseServer:
     return server
 
 
-def pgbouncer_admin(command: str) -> list:
-    """Run `command` (``RECONNECT``, ``PAUSE``, ``SHOW POOLS`` …) on the test
-    PgBouncer's admin console and return its rows."""
+def pgbouncer_admin(command: str, pgbouncer_url: str | None = None) -> list:
+    """Run `command` (``RECONNECT``, ``PAUSE``, ``SHOW POOLS`` …) on the
+    admin console of the PgBouncer at `pgbouncer_url` (by default the
+    test one) and return its rows."""
     import psycopg  # only the tests that drive PgBouncer need the driver here
 
-    url = urllib.parse.urlsplit(server_url("pgbouncer"))
+    url = urllib.parse.urlsplit(pgbouncer_url or server_url("pgbouncer"))
     with psycopg.connect(
         host="127.0.0.1",
         port=url.port,

@@ -169,6 +169,16 @@ def test_everystep_path_finds_the_workflow_modules(pyz, tmp_path):
         ),
         ({"EVERYSTEP_DATABASE_URL": "postgres://"}, "check", "names no database"),
         (
+            {"EVERYSTEP_SESSION_URL": "redis://127.0.0.1/0"},
+            "worker",
+            "EVERYSTEP_SESSION_URL: unsupported scheme redis://",
+        ),
+        (
+            {"EVERYSTEP_SESSION_URL": "sqlite:///tmp/other.sqlite3"},
+            "worker",
+            "EVERYSTEP_SESSION_URL: must be a PostgreSQL or MariaDB/MySQL URL of the same",
+        ),
+        (
             {"EVERYSTEP_DATABASE_URL": "sqlite:///no/such/dir/db.sqlite3"},
             "check",
             "/no/such/dir for the SQLite file does not exist",
@@ -231,9 +241,11 @@ def test_passwords_and_sentry_dsns_never_reach_check_output_or_worker_logs(
     password, sentry_key = "pa55-" + uuid.uuid4().hex, "k3y" + uuid.uuid4().hex
     dsn = f"http://{sentry_key}@127.0.0.1:9/42"
     bad_url = f"postgres://someone:{password}@127.0.0.1:9/nowhere"
-    check = run_pyz(pyz, "check", env=workflow_environment(bad_url, SENTRY_DSN=dsn), cwd=tmp_path)
+    session_url = f"postgres://direct:{password}@127.0.0.1:9/nowhere"
+    env = workflow_environment(bad_url, SENTRY_DSN=dsn, EVERYSTEP_SESSION_URL=session_url)
+    check = run_pyz(pyz, "check", env=env, cwd=tmp_path)
     assert check.returncode != 0
-    assert "someone:***@127.0.0.1" in check.stdout
+    assert "someone:***@127.0.0.1" in check.stdout and "direct:***@127.0.0.1" in check.stdout
     assert (
         password not in check.stdout + check.stderr
         and sentry_key not in check.stdout + check.stderr

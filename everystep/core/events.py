@@ -141,6 +141,11 @@ EVENTS = {
         DEBUG,
         "database unavailable while {what} (attempt {attempt}), retrying in {delay:.2f}s: {error}",
     ),
+    "peers": Event(
+        INFO,
+        "worker {worker} is one of {count} ready worker(s) serving the same workflows and "
+        "queues: a run notified wakes {responders} of them, and each polls every {poll:g}s",
+    ),
     "behind_pooler": Event(
         INFO,
         "the database is reached through a connection pooler: the engine prepares no "

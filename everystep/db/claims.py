@@ -677,6 +677,7 @@ chosen AS (
 # time, since runs due later make a custom plan look cheaper), and are not
 # compiled (their estimated cost can pass the threshold of PostgreSQL's
 # JIT, whose compiling takes longer than the claim).
+NOTIFY_CHANNEL = "everystep_scheduled"  # the channel the triggers notify (migration 0002)
 CLAIM_SETTINGS = ("plan_cache_mode = force_generic_plan", "jit = off")
 
 
@@ -734,6 +735,14 @@ def claimed_from_returning(rows, worker_name, token):
         for id, name, args, due_at, trace_context, cancel_requested, has_steps in rows
     ]
     return sorted(claimed, key=lambda run: run.fence.run_id)
+
+
+def pass_on():
+    """Wake more workers (PostgreSQL): a notification with a payload of its
+    own, so that other peers than this worker's answer it
+    (`everystep.worker.wakeup.Responders`)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"more:{uuid.uuid4().hex}"])
 
 
 def _apply_claim_settings(db):

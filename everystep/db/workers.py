@@ -6,6 +6,7 @@ seconds shows as ``lost``.
 
 import dataclasses
 import datetime
+import json
 import os
 import socket
 
@@ -136,6 +137,36 @@ def holding_runs(asking):
     )
     rows = Worker.objects.exclude(name=asking).filter(models.Exists(holding))
     return dict(rows.values_list("name", "heartbeat_at"))
+
+
+def peers(name, using):
+    """The names, sorted, of the ready workers with a recent heartbeat that
+    register the same workflows and serve the same queues as the worker
+    `name` (itself among them once it is ready): the workers a run that
+    `name` can claim may as well go to. Read on the connection `using` (a
+    Django connection wrapper); empty while `name` has no such row."""
+    with using.cursor() as cursor:
+        cursor.execute(
+            "SELECT name, workflows, queues FROM everystep_worker "
+            "WHERE state = %s AND heartbeat_at >= %s",
+            [
+                Worker.State.READY,
+                using.ops.adapt_datetimefield_value(_lost_before(timezone.now())),
+            ],
+        )
+        rows = {row[0]: (_listed(row[1]), _listed(row[2])) for row in cursor.fetchall()}
+    serves = rows.get(name)
+    if serves is None:
+        return ()
+    return tuple(sorted(peer for peer, its in rows.items() if its == serves))
+
+
+def _listed(value):
+    """A JSON list column's value, sorted (None stays None), whichever way
+    the driver gave it."""
+    if isinstance(value, (str, bytes)):
+        value = json.loads(value)
+    return None if value is None else sorted(value)
 
 
 def recovered(name, by, count):

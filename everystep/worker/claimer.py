@@ -28,13 +28,18 @@ LOOP_ERROR_LOG_INTERVAL = 10.0  # at most one traceback of a loop error this oft
 
 class Claimer:
     """The claim turns of the worker named in `options`, for its `pool`,
-    while its `guard` holds the name; `presence` is told when a turn runs."""
+    while its `guard` holds the name; `presence` is told when a turn runs,
+    and `poll()` says how long to wait between polls."""
 
-    def __init__(self, options, pool, guard, presence):
+    def __init__(self, options, pool, guard, presence, poll):
         self._options = options
         self._pool = pool
         self._guard = guard
         self._presence = presence
+        self._poll = poll
+        #: Whether a claim now may find runs: the last one was not made, or
+        #: came back with all it asked for.
+        self.may_find_more = True
         self._take_back = options.catchup  # take back parked runs on the next turn
         self._next_take_back = time.monotonic() + TAKE_BACK_INTERVAL
         self._generation = 0  # the outage the loop's connection has lived through
@@ -55,7 +60,7 @@ class Claimer:
         if self._guard.lost is not None:
             raise self._guard.lost
         if not self._guard.held:
-            return [], self._options.poll  # no claim while the name is in doubt
+            return [], self._poll()  # no claim while the name is in doubt
         # A connection held through an outage may be cut off: replace it first.
         self._generation = transient.replace_if_outage(self._generation)
         if sessions.pending() and outage.tracker.since is None:
@@ -63,7 +68,7 @@ class Claimer:
             self._presence.turn_due_in(0)
         self._schedule_ticks()  # a full pool still lets a tick's run wait its turn
         if self._pool.capacity <= 0:
-            return [], self._options.poll  # full: nothing learnt of the database
+            return [], self._poll()  # full: nothing learnt of the database
         began_in = outage.generation_of(connections[DEFAULT_DB_ALIAS])
         try:
             claimed, took_back = self._claim()
@@ -82,7 +87,7 @@ class Claimer:
                 runs=claimed,
                 taken_back=took_back,
             )
-        return claimed, 0 if took_back and self._take_back else self._options.poll
+        return claimed, 0 if took_back and self._take_back else self._poll()
 
     def _claim(self):
         """Claim runs up to the free capacity: the ones parked under this name
@@ -105,6 +110,7 @@ class Claimer:
         if took_back and len(claimed) < capacity:
             self._take_back = False
             self._next_take_back = now + TAKE_BACK_INTERVAL
+        self.may_find_more = len(claimed) >= capacity
         return claimed, took_back
 
     def _schedule_ticks(self):

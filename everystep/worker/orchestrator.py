@@ -3,7 +3,10 @@
 The loop (every ``poll`` seconds, or as soon as something wakes it): reap
 the finished runs, take a claim turn, hand what it claimed to the pool,
 wait. Never more than ``pool_size`` runs are in flight, and nothing is
-claimed while full.
+claimed while full. A worker woken by notifications (`wakeup`) claims only
+when a claim may find something: its poll is due, a notification was for
+it, or its last claim was not made or came back full — a run that finishes
+is no reason to ask an empty queue again.
 
 The name is the recovery contract. A worker records its name on every run
 it claims and holds a database lock on it while it lives, so only one live
@@ -26,11 +29,11 @@ import time
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from everystep.core import events, queues, registry
+from everystep.db import claims, schema, workers
 from everystep.db import queues as queue_rows
-from everystep.db import schema, workers
 from everystep.db.namelock import NameLost
 from everystep.models import Worker as WorkerRow
-from everystep.resilience import outage, sessions, transient
+from everystep.resilience import deadline, outage, sessions, transient
 from everystep.worker import process
 from everystep.worker.claimer import Claimer
 from everystep.worker.endpoint import Endpoint
@@ -68,7 +71,9 @@ class Worker:
         self._pool = Pool(self.options, self._wakeup.set, self._shutdown.requested)
         self._presence = Presence(self.options, self._pool)
         self._guard = NameGuard(self.name, self._presence.heartbeat, self._wakeup.set)
-        self._claimer = Claimer(self.options, self._pool, self._guard, self._presence)
+        self._claimer = Claimer(
+            self.options, self._pool, self._guard, self._presence, self._wakeup.poll_interval
+        )
         retention, timeout = self.options.retention, self.options.orphan_timeout
         # The background chores this worker does for all: started after the
         # name is held, stopped at the drain's end.
@@ -155,10 +160,40 @@ class Worker:
             raise lost or self._loops.died
 
     def _loop(self):
+        next_turn = time.monotonic()
         while not self._shutdown.requested.is_set() and self._loops.died is None:
             self._wakeup.clear()
             self._pool.reap()
-            self._wait(self._turn())
+            notified = self._wakeup.take_notified()
+            if self._turn_now(notified, next_turn):
+                idle = not self._pool.in_flight
+                wait = self._turn()
+                if notified and idle and self._claimer.may_find_more:
+                    self._pass_on()
+                next_turn = time.monotonic() + wait
+            self._wait(max(0.0, next_turn - time.monotonic()))
+
+    def _turn_now(self, notified, next_turn):
+        """Whether the loop claims now: always when it polls alone, else
+        when its poll is due, a notification was for it, its last claim may
+        have left runs, or the name guard has news."""
+        return (
+            not self._wakeup.listening
+            or notified
+            or self._claimer.may_find_more
+            or self._guard.lost is not None
+            or time.monotonic() >= next_turn
+        )
+
+    def _pass_on(self):
+        """Woken from idle, the claim took all it could: more runs may wait
+        than this worker takes, so wake two more (best effort: the others'
+        polls find them anyway)."""
+        try:
+            with deadline.guard(connections[DEFAULT_DB_ALIAS], "waking more workers"):
+                claims.pass_on()
+        except Exception as exc:  # noqa: BLE001 - a poll finds the runs
+            transient.drop_after(exc)
 
     def _turn(self):
         claimed, wait = self._claimer.turn()

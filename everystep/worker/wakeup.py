@@ -16,21 +16,36 @@ pooler in transaction mode would deliver nothing.
 A listening connection only reads, so a database that went silent would
 never fail it: every `PING_INTERVAL` seconds the listener asks the server
 for an answer, under the engine's deadline, and reconnects if none comes.
+That answer is of use: the worker's peers (`Responders`).
+
+Every listening worker hears every notification, but a run needs one
+worker. Of the peers — the ready workers that serve what this one serves —
+the `RESPONDERS` that a notification's payload hashes to answer it; the
+others let it pass. So a run scheduled wakes two workers into a claim each,
+however many wait idle, and the peers share the polling: each polls
+`Responders.spread()` times less often, the group as often as two workers
+would. A worker that claimed a full batch when woken from idle passes the
+word on (`everystep.db.claims.pass_on`), so a burst spreads over the idle
+peers in a few hops.
 """
 
 import heapq
 import logging
 import threading
 import time
+import zlib
 
 from django.db import connection, connections
 
+from everystep.core import events
+from everystep.db import workers
+from everystep.db.claims import NOTIFY_CHANNEL as CHANNEL
 from everystep.resilience import deadline, outage, sessions, transient
 
 logger = logging.getLogger(__name__)
 
-CHANNEL = "everystep_scheduled"
-PING_INTERVAL = 10.0
+PING_INTERVAL = 5.0  # seconds between reads of the peers, which prove the connection alive
+RESPONDERS = 2  # workers of a group that answer one notification
 MAX_DUE_TIMES = 10_000  # notified due times a worker keeps; past that it polls for them
 MAX_DUE_AHEAD = 86_400.0  # seconds; a run due later than this is found by a poll
 
@@ -45,6 +60,8 @@ class Wakeup:
         self._due_times = []  # when notified runs fall due (monotonic; a heap)
         self._due_lock = threading.Lock()
         self._listener = None
+        self._responders = Responders(options.name, options.poll)
+        self._notified = False  # a notification for this worker since the last turn
 
     def set(self):
         """Wake the loop now."""
@@ -66,7 +83,11 @@ class Wakeup:
     def notified(self, due=None):
         """A run was scheduled, due at `due` (Unix seconds, as text) if
         given: wake now, and again when it falls due, rather than up to a
-        poll later."""
+        poll later — unless the notification is for other peers to answer.
+        Without `due` (the listener just connected), always wake."""
+        if due is not None and not self._responders.chosen(due):
+            return
+        self._notified = True
         try:
             delay = float(due) - time.time() if due else 0.0
         except ValueError:
@@ -79,13 +100,31 @@ class Wakeup:
                     heapq.heappush(self._due_times, time.monotonic() + delay)
         self._event.set()
 
+    def take_notified(self):
+        """Whether a notification for this worker came since the last call."""
+        notified, self._notified = self._notified, False
+        return notified
+
+    @property
+    def listening(self):
+        return self._listener is not None
+
+    def poll_interval(self):
+        """Seconds between polls: the option's, spread over the peers when
+        notifications wake this worker."""
+        if self._listener is None:
+            return self._options.poll
+        return self._options.poll * self._responders.spread()
+
     def listen(self, loops):
         """On PostgreSQL, unless the options turn it off, start the
         `Listener` (as `loops`, `everystep.worker.loops.Loops`). Returns
         whether it listens."""
         if not self._options.notify or connection.vendor != "postgresql":
             return False
-        self._listener = Listener(self.notified, sessions.session_alias())
+        self._listener = Listener(
+            self.notified, sessions.session_alias(), on_ping=self._responders.read
+        )
         loops.start("listener", self._listener.run)
         return True
 
@@ -94,14 +133,58 @@ class Wakeup:
             self._listener.stop()
 
 
+class Responders:
+    """Which notifications this worker answers: of its peers (the ready
+    workers serving the same workflows and queues, `read` by the listener),
+    the `RESPONDERS` that the notification's payload hashes to, next to
+    each other in the peers' sorted names — so when one has died, or is
+    busy, the other still claims. While the peers are unknown, or two or
+    fewer, every notification is this worker's."""
+
+    def __init__(self, name, poll):
+        self.name = name
+        self._poll = poll
+        self._peers = ()  # replaced whole by the listener's thread
+
+    def read(self, wrapper):
+        """Read the peers on `wrapper` (the listener's connection); say so
+        when their number changed."""
+        peers = workers.peers(self.name, using=wrapper)
+        changed = len(peers) != len(self._peers)
+        self._peers = peers
+        if changed:
+            events.announce(
+                "peers",
+                worker=self.name,
+                count=len(peers),
+                responders=min(len(peers), RESPONDERS),
+                poll=self._poll * self.spread(),
+            )
+
+    def chosen(self, payload):
+        peers = self._peers
+        if len(peers) <= RESPONDERS or self.name not in peers:
+            return True
+        first = zlib.crc32(payload.encode()) % len(peers)
+        return self.name in {peers[(first + k) % len(peers)] for k in range(RESPONDERS)}
+
+    def spread(self):
+        """How many times longer than the poll option each peer waits
+        between polls, so that the group polls as two workers would."""
+        return max(1.0, len(self._peers) / RESPONDERS)
+
+
 class Listener:
     """Calls `on_notify(due)`, from its own thread (`run`), whenever a run is
     scheduled: `due` is when it falls due (Unix seconds, as text; migration
-    0009), and `on_notify()` alone after (re)connecting."""
+    0009), and `on_notify()` alone after (re)connecting. Every
+    `PING_INTERVAL` seconds it calls `on_ping(wrapper)` (a read on the
+    listening connection), or pings the server."""
 
-    def __init__(self, on_notify, alias):
+    def __init__(self, on_notify, alias, on_ping=None):
         self.on_notify = on_notify
         self.alias = alias
+        self.on_ping = on_ping
         self._stop = threading.Event()
 
     def stop(self):
@@ -131,6 +214,7 @@ class Listener:
             raw = wrapper.connection
             raw.autocommit = True
             raw.execute(f"LISTEN {CHANNEL}")
+        self._ping(wrapper, raw)
         self.on_notify()  # anything scheduled while not listening is claimed now
         next_ping = time.monotonic() + PING_INTERVAL
         generation = outage.tracker.generation
@@ -141,6 +225,12 @@ class Listener:
                 sessions.abandon(wrapper)
                 return  # held through an outage: listen again on a new connection
             if time.monotonic() >= next_ping:
-                with deadline.guard(wrapper, "checking the listening connection"):
-                    raw.execute("SELECT 1")
+                self._ping(wrapper, raw)
                 next_ping = time.monotonic() + PING_INTERVAL
+
+    def _ping(self, wrapper, raw):
+        with deadline.guard(wrapper, "checking the listening connection"):
+            if self.on_ping is None:
+                raw.execute("SELECT 1")
+            else:
+                self.on_ping(wrapper)
