@@ -27,7 +27,6 @@ class EverystepConfig(AppConfig):
 
     def ready(self):
         from django.db.backends.signals import connection_created
-        from django.utils.module_loading import autodiscover_modules
 
         from everystep import checks  # noqa: F401 - registers the checks
         from everystep.resilience import outage, sessions, timeouts
@@ -40,11 +39,27 @@ class EverystepConfig(AppConfig):
         for receiver in receivers:
             connection_created.connect(receiver, dispatch_uid=receiver.__module__)
 
-        autodiscover_modules("workflows", "tasks")
+        self._import_app_modules()
         try:
             import_workflow_modules(getattr(settings, "EVERYSTEP_WORKFLOWS", ()))
         except ImproperlyConfigured as exc:
             self.import_error = str(exc)
+
+
+    def _import_app_modules(self):
+        """Import every installed app's ``workflows`` and ``tasks`` module —
+        but this app's own ``tasks``, the Tasks backend, which Django loads
+        when a ``@task`` is declared (a worker without any is spared the
+        import)."""
+        from django.apps import apps
+        from django.utils.module_loading import module_has_submodule
+
+        for config in apps.get_app_configs():
+            for module in ("workflows", "tasks"):
+                if config is self and module == "tasks":
+                    continue
+                if module_has_submodule(config.module, module):
+                    importlib.import_module(f"{config.name}.{module}")
 
 
 def import_workflow_modules(modules):

@@ -60,7 +60,7 @@ def configure(env, command):
     _init_sentry(env)
     _init_tracing(env)
     try:
-        django.setup()
+        django.setup(set_prefix=False)  # no URL is reversed outside a request here
         from django.apps import apps
 
         from everystep.core import command_names

@@ -14,39 +14,57 @@ that resumes a run with recorded steps, a new trace linked to it — so a
 trace started by a web request shows the run it scheduled.
 
 The library only uses ``opentelemetry-api``: spans go wherever the
-application's tracer provider sends them, and nowhere without one. Spans
+application's tracer provider sends them, and nowhere without one. A
+process that has not imported OpenTelemetry has set no provider: there the
+API is not even imported (it costs a worker's start-up more than it
+gives), and no event is followed. Spans
 start and end on the thread they belong to, so each thread keeps a stack of
 its open spans; each open span is also the thread's current OpenTelemetry
 context, so the step's own code sees it as its parent.
 """
 
+import sys
 import threading
 
 from everystep.core import events
 from everystep.errors import Terminal
 
-try:
-    from opentelemetry import context as otel_context
-    from opentelemetry import propagate, trace
-    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
-except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
-    trace = None
+# The OpenTelemetry API, once `_api()` imported it.
+otel_context = propagate = trace = Link = SpanKind = Status = StatusCode = None
 
 TRACER_NAME = "everystep"
 
 _open = threading.local()  # .spans: a stack of (span, context token) on this thread
 
 
-def install():
-    """Subscribe the spans to the engine's events; idempotent."""
+def _api():
+    """Whether this process uses OpenTelemetry: it imported the API (no
+    tracer provider can be set without) and the API imports here too."""
+    global otel_context, propagate, trace, Link, SpanKind, Status, StatusCode
     if trace is not None:
+        return True
+    if "opentelemetry.trace" not in sys.modules:
+        return False
+    try:
+        from opentelemetry import context as otel_context
+        from opentelemetry import propagate, trace
+        from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+    except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
+        return False
+    return True
+
+
+def install():
+    """Subscribe the spans to the engine's events, if this process uses
+    OpenTelemetry; idempotent."""
+    if _api():
         events.subscribe(on_event)
 
 
 def current_context():
     """The caller's W3C trace context as a dict to store with a run, or None
     outside a recorded span (or without OpenTelemetry)."""
-    if trace is None or not trace.get_current_span().get_span_context().is_valid:
+    if not _api() or not trace.get_current_span().get_span_context().is_valid:
         return None
     carrier = {}
     propagate.inject(carrier)

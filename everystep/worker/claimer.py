@@ -57,6 +57,7 @@ class Claimer:
         next turn)`` — the poll interval, 0 while a take-back may find more,
         or a backoff while the database fails. Raises `NameLost`."""
         self._presence.turn_due_in(0)
+        self.may_find_more = True  # until a claim is made and says otherwise
         if self._guard.lost is not None:
             raise self._guard.lost
         if not self._guard.held:
@@ -110,7 +111,8 @@ class Claimer:
         if took_back and len(claimed) < capacity:
             self._take_back = False
             self._next_take_back = now + TAKE_BACK_INTERVAL
-        self.may_find_more = len(claimed) >= capacity
+        # A take-back looks at the parked runs only, not at the queue.
+        self.may_find_more = took_back or len(claimed) >= capacity
         return claimed, took_back
 
     def _schedule_ticks(self):

@@ -101,8 +101,14 @@ class Wakeup:
         self._event.set()
 
     def take_notified(self):
-        """Whether a notification for this worker came since the last call."""
+        """Whether a notification for this worker came, or a run it was
+        notified of fell due, since the last call."""
         notified, self._notified = self._notified, False
+        now = time.monotonic()
+        with self._due_lock:
+            while self._due_times and self._due_times[0] <= now:
+                heapq.heappop(self._due_times)
+                notified = True
         return notified
 
     @property
