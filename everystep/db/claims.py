@@ -737,12 +737,11 @@ def claimed_from_returning(rows, worker_name, token):
     return sorted(claimed, key=lambda run: run.fence.run_id)
 
 
-def pass_on():
-    """Wake more workers (PostgreSQL): a notification with a payload of its
-    own, so that other peers than this worker's answer it
-    (`everystep.worker.wakeup.Responders`)."""
+def pass_on(worker_name):
+    """Wake more workers (PostgreSQL): a notification that the peers after
+    `worker_name` answer (``after:NAME``, `everystep.worker.wakeup.Responders`)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"more:{uuid.uuid4().hex}"])
+        cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"after:{worker_name}"])
 
 
 def _apply_claim_settings(db):

@@ -187,11 +187,11 @@ class Worker:
 
     def _pass_on(self):
         """Woken from idle, the claim took all it could: more runs may wait
-        than this worker takes, so wake two more (best effort: the others'
-        polls find them anyway)."""
+        than this worker takes, so wake the two peers after it (best effort:
+        the others' polls find the runs anyway)."""
         try:
             with deadline.guard(connections[DEFAULT_DB_ALIAS], "waking more workers"):
-                claims.pass_on()
+                claims.pass_on(self.name)
         except Exception as exc:  # noqa: BLE001 - a poll finds the runs
             transient.drop_after(exc)
 

@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 PING_INTERVAL = 5.0  # seconds between reads of the peers, which prove the connection alive
 RESPONDERS = 2  # workers of a group that answer one notification
+PASSED_ON = "after:"  # a notification's payload that a peer passed on: after:NAME
 MAX_DUE_TIMES = 10_000  # notified due times a worker keeps; past that it polls for them
 MAX_DUE_AHEAD = 86_400.0  # seconds; a run due later than this is found by a poll
 
@@ -168,10 +169,17 @@ class Responders:
             )
 
     def chosen(self, payload):
+        """Whether this worker answers a notification with `payload`: a
+        run's due time, or ``after:NAME`` — passed on by the peer NAME, for
+        the peers that follow it."""
         peers = self._peers
         if len(peers) <= RESPONDERS or self.name not in peers:
             return True
-        first = zlib.crc32(payload.encode()) % len(peers)
+        origin = payload.removeprefix(PASSED_ON)
+        if origin != payload and origin in peers:
+            first = peers.index(origin) + 1
+        else:
+            first = zlib.crc32(payload.encode()) % len(peers)
         return self.name in {peers[(first + k) % len(peers)] for k in range(RESPONDERS)}
 
     def spread(self):
