@@ -1,20 +1,27 @@
 """The zipapp's start-up: ``dist/everystep.pyz worker`` from exec to its
 ``ready`` line, cold (a fresh ``SHIV_ROOT``: the first start extracts the
 bundled dependencies) and warm (the same ``SHIV_ROOT`` again); its size.
+Warm also under a bare interpreter — a virtualenv of the same Python with
+nothing installed, as in a slim container image: this machine's
+``python3`` may have packages of its own that the bundled ones import when
+they find them (environ-config imports boto3 for AWS secrets), which is
+this machine's start-up, not the zipapp's.
 
 Runs in the orchestrating process (the zipapp brings its own Django
 settings); with no zipapp built, the figures are null and say why.
 """
 
 import os
+import subprocess
 
 from bench.common import ROOT, WorkerProcess, median
 
 PYZ = ROOT / "dist" / "everystep.pyz"
 
 
-def start(url, shiv_root, log_path):
-    """Seconds from exec to ready of one zipapp worker, which is then stopped."""
+def start(url, shiv_root, log_path, interpreter=None):
+    """Seconds from exec to ready of one zipapp worker (run by
+    `interpreter`, else by its shebang), which is then stopped."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EVERYSTEP_", "DJANGO_"))}
     env.update(
         EVERYSTEP_DATABASE_URL=url,
@@ -22,9 +29,10 @@ def start(url, shiv_root, log_path):
         EVERYSTEP_PATH=str(ROOT),
         SHIV_ROOT=str(shiv_root),
     )
-    worker = WorkerProcess(
-        "bench-zipapp", [str(PYZ), "worker", "--name", "bench-zipapp"], env, log_path
-    )
+    command = [str(PYZ), "worker", "--name", "bench-zipapp"]
+    if interpreter is not None:
+        command.insert(0, str(interpreter))
+    worker = WorkerProcess("bench-zipapp", command, env, log_path)
     try:
         return worker.wait_ready(120)
     finally:
@@ -39,14 +47,18 @@ def measure(url, workdir, repeat=3):
             "size_mib": None,
             "note": "dist/everystep.pyz is missing: build it with `make pyz`",
         }
-    cold, warm = [], []
+    bare = workdir / "bare-python"
+    subprocess.run(["python3", "-m", "venv", "--without-pip", str(bare)], check=True)
+    cold, warm, warm_bare = [], [], []
     for attempt in range(repeat):
         shiv_root = workdir / f"shiv-{attempt}"
         log = workdir / f"zipapp-{attempt}.log"
         cold.append(start(url, shiv_root, log))
         warm.append(start(url, shiv_root, log))
+        warm_bare.append(start(url, shiv_root, log, bare / "bin" / "python3"))
     return {
         "cold_start_s": median(cold),
         "warm_start_s": median(warm),
+        "warm_start_bare_s": median(warm_bare),
         "size_mib": PYZ.stat().st_size / 2**20,
     }

@@ -60,7 +60,7 @@ def configure(env, command):
     _init_sentry(env)
     _init_tracing(env)
     try:
-        django.setup(set_prefix=False)  # no URL is reversed outside a request here
+        django.setup()
         from django.apps import apps
 
         from everystep.core import command_names

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from everystep import schedule
 from everystep.models import Step, Workflow
+from everystep.worker import wakeup
 from tests import workflows
 from tests.helpers import wait_until
 
@@ -105,3 +106,25 @@ def test_a_burst_spreads_over_the_sixteen_workers(sixteen_workers):
     )
     assert len(owners) == WORKERS, f"only {sorted(owners)} took runs"
     assert Step.objects.filter(workflow_id__in=run_ids).count() == 2 * len(run_ids)
+
+
+@pytest.mark.backends("postgres", "mariadb", "sqlite")
+def test_two_adjacent_peers_answer_each_notification_and_the_word_passes_on():
+    """Without a database: which of sixteen peers answer a payload."""
+    names = [f"many-{i:02}" for i in range(WORKERS)]
+    responders = {name: wakeup.Responders(name, poll=0.2) for name in names}
+    for responder in responders.values():
+        responder._peers = tuple(names)
+    for payload in ("1765000000.123456", "", "1765000000.5"):
+        chosen = [name for name, responder in responders.items() if responder.chosen(payload)]
+        assert len(chosen) == wakeup.RESPONDERS
+        first, second = (names.index(name) for name in chosen)
+        assert (second - first) % WORKERS in (1, WORKERS - 1)  # neighbours: one covers the other
+    # Passed on by a peer: the two after it.
+    after = [name for name, r in responders.items() if r.chosen(f"{wakeup.PASSED_ON}many-15")]
+    assert after == ["many-00", "many-01"]
+    # The polling is shared: sixteen peers poll as two would.
+    assert responders["many-00"].spread() == WORKERS / wakeup.RESPONDERS
+    # Peers not yet known (or two or fewer): every notification is its own.
+    alone = wakeup.Responders("many-00", poll=0.2)
+    assert alone.chosen("anything") and alone.spread() == 1.0

@@ -59,7 +59,7 @@ class Wakeup:
         self._options = options
         self._event = threading.Event()
         self._due_times = []  # when notified runs fall due (monotonic; a heap)
-        self._due_lock = threading.Lock()
+        self._due_lock = threading.Lock()  # guards the due times and `_notified`
         self._listener = None
         self._responders = Responders(options.name, options.poll)
         self._notified = False  # a notification for this worker since the last turn
@@ -73,13 +73,20 @@ class Wakeup:
 
     def wait(self, seconds):
         """Wait up to `seconds`, less if a notified run falls due sooner."""
+        self._pop_due()
+        with self._due_lock:
+            if self._due_times:
+                seconds = min(seconds, self._due_times[0] - time.monotonic())
+        self._event.wait(seconds)
+
+    def _pop_due(self):
+        """Forget the due times that have come, noting that they came (the
+        loop's `take_notified` tells)."""
         now = time.monotonic()
         with self._due_lock:
             while self._due_times and self._due_times[0] <= now:
                 heapq.heappop(self._due_times)
-            if self._due_times:
-                seconds = min(seconds, self._due_times[0] - now)
-        self._event.wait(seconds)
+                self._notified = True
 
     def notified(self, due=None):
         """A run was scheduled, due at `due` (Unix seconds, as text) if
@@ -88,7 +95,8 @@ class Wakeup:
         Without `due` (the listener just connected), always wake."""
         if due is not None and not self._responders.chosen(due):
             return
-        self._notified = True
+        with self._due_lock:
+            self._notified = True
         try:
             delay = float(due) - time.time() if due else 0.0
         except ValueError:
@@ -104,12 +112,9 @@ class Wakeup:
     def take_notified(self):
         """Whether a notification for this worker came, or a run it was
         notified of fell due, since the last call."""
-        notified, self._notified = self._notified, False
-        now = time.monotonic()
-        with self._due_lock:
-            while self._due_times and self._due_times[0] <= now:
-                heapq.heappop(self._due_times)
-                notified = True
+        self._pop_due()
+        with self._due_lock:  # the listener's thread sets it
+            notified, self._notified = self._notified, False
         return notified
 
     @property
