@@ -174,7 +174,7 @@ def test_everystep_path_finds_the_workflow_modules(pyz, tmp_path):
             "EVERYSTEP_SESSION_URL: unsupported scheme redis://",
         ),
         (
-            {"EVERYSTEP_SESSION_URL": "sqlite:///tmp/other.sqlite3"},
+            {"EVERYSTEP_SESSION_URL": "sqlite:////tmp/other.sqlite3"},
             "worker",
             "EVERYSTEP_SESSION_URL: must be a PostgreSQL or MariaDB/MySQL URL of the same",
         ),
