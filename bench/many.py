@@ -33,9 +33,17 @@ from everystep.models import Workflow
 
 CLAIMS_SQL = """
     SELECT coalesce(sum(calls), 0) FROM pg_stat_statements
-     WHERE query LIKE '%SET status = ''running'', claimed_by%'
+     WHERE query LIKE %s
        AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
+# The claim's UPDATE, and only it, whether the server shows its constants
+# or, normalized, as parameters.
+CLAIM_FRAGMENT = "%claimed_by = %claimed_at = %started_at = COALESCE(started_at%"
+
+
+def execute(sql):
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
 
 
 def scalar(sql, params=()):
@@ -45,7 +53,7 @@ def scalar(sql, params=()):
 
 
 def claims():
-    return int(scalar(CLAIMS_SQL))
+    return int(scalar(CLAIMS_SQL, [CLAIM_FRAGMENT]))
 
 
 def server_connections():
@@ -112,7 +120,7 @@ def trickle_runs(count, timeout):
 
 def measure(workers=16, pool=2, runs=2000, trickle=200, pooler_url=None, log_dir=".", timeout=300):
     direct = os.environ["EVERYSTEP_DATABASE_URL"]
-    scalar("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     url, env = (pooler_url, {"EVERYSTEP_SESSION_URL": direct}) if pooler_url else (direct, {})
     flags = ["--pool", str(pool), "--poll", "0.2"]
     baseline = server_connections()

@@ -19,9 +19,8 @@ from bench.common import ROOT, WorkerProcess, median
 PYZ = ROOT / "dist" / "everystep.pyz"
 
 
-def start(url, shiv_root, log_path, interpreter=None):
-    """Seconds from exec to ready of one zipapp worker (run by
-    `interpreter`, else by its shebang), which is then stopped."""
+def environment(url, shiv_root):
+    """The zipapp's environment on the database at `url`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EVERYSTEP_", "DJANGO_"))}
     env.update(
         EVERYSTEP_DATABASE_URL=url,
@@ -29,6 +28,13 @@ def start(url, shiv_root, log_path, interpreter=None):
         EVERYSTEP_PATH=str(ROOT),
         SHIV_ROOT=str(shiv_root),
     )
+    return env
+
+
+def start(url, shiv_root, log_path, interpreter=None):
+    """Seconds from exec to ready of one zipapp worker (run by
+    `interpreter`, else by its shebang), which is then stopped."""
+    env = environment(url, shiv_root)
     command = [str(PYZ), "worker", "--name", "bench-zipapp"]
     if interpreter is not None:
         command.insert(0, str(interpreter))
@@ -47,6 +53,9 @@ def measure(url, workdir, repeat=3):
             "size_mib": None,
             "note": "dist/everystep.pyz is missing: build it with `make pyz`",
         }
+    # The zipapp's own apps (its UI's sessions too), as a user migrates.
+    migrate_env = environment(url, workdir / "shiv-migrate")
+    subprocess.run([str(PYZ), "migrate"], env=migrate_env, check=True, capture_output=True)
     bare = workdir / "bare-python"
     subprocess.run(["python3", "-m", "venv", "--without-pip", str(bare)], check=True)
     cold, warm, warm_bare = [], [], []

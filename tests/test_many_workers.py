@@ -34,7 +34,9 @@ def claim_statements():
             "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements "
             "WHERE query LIKE %s AND dbid = (SELECT oid FROM pg_database "
             "WHERE datname = current_database())",
-            ["%SET status = 'running', claimed_by%"],
+            # The claim's UPDATE, and only it, with its constants shown or
+            # normalized into parameters.
+            ["%claimed_by = %claimed_at = %started_at = COALESCE(started_at%"],
         )
         return int(cursor.fetchone()[0])
 
