@@ -1,6 +1,7 @@
 """The zipapp's start-up: ``dist/everystep.pyz worker`` from exec to its
 ``ready`` line, cold (a fresh ``SHIV_ROOT``: the first start extracts the
-bundled dependencies) and warm (the same ``SHIV_ROOT`` again); its size.
+bundled dependencies, and the first import of each module writes its
+bytecode there) and warm (the same ``SHIV_ROOT`` again); its size.
 Warm also under a bare interpreter — a virtualenv of the same Python with
 nothing installed, as in a slim container image: this machine's
 ``python3`` may have packages of its own that the bundled ones import when
@@ -21,7 +22,13 @@ PYZ = ROOT / "dist" / "everystep.pyz"
 
 def environment(url, shiv_root):
     """The zipapp's environment on the database at `url`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVERYSTEP_", "DJANGO_"))}
+    # Nor PYTHONDONTWRITEBYTECODE: a user's zipapp writes the bytecode of
+    # its extracted packages at its first start, and loads it after.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("EVERYSTEP_", "DJANGO_")) and k != "PYTHONDONTWRITEBYTECODE"
+    }
     env.update(
         EVERYSTEP_DATABASE_URL=url,
         EVERYSTEP_WORKFLOWS="bench.workflows",
