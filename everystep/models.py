@@ -5,11 +5,10 @@ read back decoded. A run's ``claim_token`` changes with every claim: the
 runner's writes are fenced on it (see `everystep.db.store`).
 """
 
-import uuid6
 from django.db import models
 from django.utils import timezone
 
-from everystep.core import serde
+from everystep.core import ids, serde
 
 
 class EncodedJSONField(models.JSONField):
@@ -41,7 +40,7 @@ class Workflow(models.Model):
     #: ended, an operator resolves it and it goes on.
     ENDED = (Status.COMPLETED, Status.FAILED, Status.STOPPED, Status.CANCELLED)
 
-    id = models.UUIDField(primary_key=True, default=uuid6.uuid7, editable=False)
+    id = models.UUIDField(primary_key=True, default=ids.new_run_id, editable=False)
     name = models.CharField(max_length=300)
     args = EncodedJSONField(default=list)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)

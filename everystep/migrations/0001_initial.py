@@ -2,9 +2,9 @@
 
 import django.db.models.deletion
 import django.utils.timezone
-import uuid6
 from django.db import migrations, models
 
+import everystep.core.ids
 import everystep.models
 
 
@@ -20,7 +20,10 @@ class Migration(migrations.Migration):
                 (
                     "id",
                     models.UUIDField(
-                        default=uuid6.uuid7, editable=False, primary_key=True, serialize=False
+                        default=everystep.core.ids.new_run_id,
+                        editable=False,
+                        primary_key=True,
+                        serialize=False,
                     ),
                 ),
                 ("name", models.CharField(max_length=300)),
