@@ -45,7 +45,6 @@ class EverystepConfig(AppConfig):
         except ImproperlyConfigured as exc:
             self.import_error = str(exc)
 
-
     def _import_app_modules(self):
         """Import every installed app's ``workflows`` and ``tasks`` module —
         but this app's own ``tasks``, the Tasks backend, which Django loads
