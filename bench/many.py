@@ -20,6 +20,7 @@ Once every worker is ready and counts all its peers:
   of ``pg_stat_activity`` every 20 ms with a ``Lock`` wait event).
 """
 
+import collections
 import os
 import threading
 import time
@@ -66,10 +67,13 @@ def server_connections():
 
 class LockWaits:
     """Samples, every 20 ms on a connection of its own, whether a backend
-    of this database waits on a lock."""
+    of this database waits on a lock, and on which kind (``object``: the
+    lock a transaction takes to commit a NOTIFY; ``transactionid``,
+    ``tuple``: a row another transaction holds)."""
 
     def __init__(self):
         self.samples = self.waiting = 0
+        self.kinds = collections.Counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -79,11 +83,13 @@ class LockWaits:
             with db.cursor() as cursor:
                 while not self._stop.wait(0.02):
                     cursor.execute(
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                        "SELECT wait_event FROM pg_stat_activity WHERE datname = "
                         "current_database() AND wait_event_type = 'Lock'"
                     )
+                    kinds = [row[0] for row in cursor.fetchall()]
                     self.samples += 1
-                    self.waiting += cursor.fetchone()[0] > 0
+                    self.waiting += bool(kinds)
+                    self.kinds.update(kinds)
         finally:
             db.close()
 
@@ -170,4 +176,5 @@ def measure(workers=16, pool=2, runs=2000, trickle=200, pooler_url=None, log_dir
         "drain_worker_cpu_ms_per_run": cpu / runs * 1e3,
         "drain_machine_cpu_busy": busy,
         "drain_lock_wait_share": locks.share,
+        "drain_lock_waits_by_kind": dict(locks.kinds.most_common()),
     }

@@ -321,7 +321,13 @@ def _many(t, get):
         t.row("drain: 5-step runs per second", rate, "runs/s", note=ratio)
         t.row("drain: workers' CPU per run", get(f"{many}.drain_worker_cpu_ms_per_run"), "ms")
         share = get(f"{many}.drain_lock_wait_share")
-        t.row("drain: samples with a lock wait", None if share is None else share * 100, "%")
+        kinds = get(f"{many}.drain_lock_waits_by_kind") or {}
+        t.row(
+            "drain: samples with a lock wait",
+            None if share is None else share * 100,
+            "%",
+            note=", ".join(f"{kind} {count}" for kind, count in kinds.items()),
+        )
         held = get(f"{many}.idle_server_connections")
         note = f"of max_connections {get(f'{many}.max_connections')}"
         t.row("server connections, workers idle", held, "", note=note)
