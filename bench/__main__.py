@@ -22,6 +22,7 @@ in its module's docstring:
     ui          bench.ui                    operator UI pages with 1,000,000 runs
     replay      bench.replay                resuming a run of 1,000 recorded steps
     footprint   bench.footprint             worker start-up and memory
+    profile     bench.profile               where a worker's CPU goes (yappi, CPU clocks)
     zipapp      bench.zipapp                the zipapp's start-up
     peers       bench.peers                 DBOS Transact and Procrastinate
 
@@ -63,6 +64,7 @@ SECTIONS = (
     "ui",
     "replay",
     "footprint",
+    "profile",
     "zipapp",
     "peers",
 )
@@ -281,6 +283,12 @@ def plan(size):
                 "repeat": size.start_repeat,
                 "log_dir": str(LOGS),
             },
+        ),
+        Task(
+            "profile",
+            "profile.postgres",
+            timeout=300,
+            options={"runs": size.runs, "log_dir": str(LOGS)},
         ),
         Task("zipapp", "zipapp", timeout=180, options={"repeat": size.zipapp_repeat}),
         Task(

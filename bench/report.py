@@ -170,6 +170,7 @@ def table(results):
     _ui(t, get)
     _replay(t, get)
     _footprint(t, get, results.get("notes", {}))
+    _profile(t, get)
     _peers(t, get, results.get("notes", {}))
     if results.get("failures"):
         t.heading("sections that failed")
@@ -595,6 +596,19 @@ def _footprint(t, get, notes):
         t.row("zipapp size", get("zipapp.size_mib"), "MiB")
     elif "zipapp.cold_start_s" in t.figures:
         t.rows.append(("zipapp start-up", "not measured", "", notes.get("zipapp", "")))
+
+
+def _profile(t, get):
+    p = "profile.postgres"
+    if get(f"{p}.cpu_ms_per_run") is None:
+        return
+    t.heading("postgres: where a worker's CPU goes (yappi, CPU clocks; shares of the profile)")
+    t.row("CPU per 5-step run, profiled", get(f"{p}.cpu_ms_per_run"), "ms")
+    for name, share in get(f"{p}.layers").items():
+        t.row(f"  {name}", share * 100, "%")
+    for title, key in (("own CPU", "self_top"), ("with callees", "inclusive_top")):
+        for label, share, calls in get(f"{p}.{key}")[:10]:
+            t.row(f"  {title}: {label}"[:95], share * 100, "%", note=f"{calls:,} calls")
 
 
 PEERS = {
