@@ -168,7 +168,7 @@ class Worker:
             if self._turn_now(notified, next_turn):
                 idle = not self._pool.in_flight
                 wait = self._turn()
-                if notified and idle and self._claimer.may_find_more:
+                if notified and idle and self._pool.in_flight and self._claimer.may_find_more:
                     self._pass_on()
                 next_turn = time.monotonic() + wait
             self._wait(max(0.0, next_turn - time.monotonic()))
