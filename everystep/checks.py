@@ -27,7 +27,8 @@ SQLITE_OPTIONS = (
 
 POSTGRES_OPTIONS = (
     'DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5} '
-    "(behind a pooler, a worker turns prepared statements off by itself)"
+    "(prepare_threshold None behind a pooler in transaction mode: a worker turns them off by "
+    "itself, other processes do not)"
 )
 
 

@@ -117,11 +117,13 @@ def test_two_adjacent_peers_answer_each_notification_and_the_word_passes_on():
     responders = {name: wakeup.Responders(name, poll=0.2) for name in names}
     for responder in responders.values():
         responder._peers = tuple(names)
-    for payload in ("1765000000.123456", "", "1765000000.5"):
+    for payload in ("1765000000.123456", "1765000000.5", "1765000001"):
         chosen = [name for name, responder in responders.items() if responder.chosen(payload)]
         assert len(chosen) == wakeup.RESPONDERS
         first, second = (names.index(name) for name in chosen)
         assert (second - first) % WORKERS in (1, WORKERS - 1)  # neighbours: one covers the other
+    # A freed slot of a limited queue (no payload): whoever has room.
+    assert all(responder.chosen("") for responder in responders.values())
     # Passed on by a peer: the two after it.
     after = [name for name, r in responders.items() if r.chosen(f"{wakeup.PASSED_ON}many-15")]
     assert after == ["many-00", "many-01"]

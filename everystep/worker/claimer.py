@@ -48,6 +48,11 @@ class Claimer:
         self._ticker = cron.Ticker(registry.schedules())
 
     @property
+    def take_back_due(self):
+        """Whether the periodic take-back of parked runs is due."""
+        return self._take_back or time.monotonic() >= self._next_take_back
+
+    @property
     def catching_up(self):
         """Whether the next turn takes back the runs parked under the name."""
         return self._take_back

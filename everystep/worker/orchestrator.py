@@ -176,11 +176,13 @@ class Worker:
     def _turn_now(self, notified, next_turn):
         """Whether the loop claims now: always when it polls alone, else
         when its poll is due, a notification was for it, its last claim may
-        have left runs, or the name guard has news."""
+        have left runs (a turn that made none, the name lock regained), the
+        take-back of its parked runs is due, or its name was lost."""
         return (
             not self._wakeup.listening
             or notified
             or self._claimer.may_find_more
+            or self._claimer.take_back_due
             or self._guard.lost is not None
             or time.monotonic() >= next_turn
         )

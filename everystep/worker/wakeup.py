@@ -95,18 +95,17 @@ class Wakeup:
         Without `due` (the listener just connected), always wake."""
         if due is not None and not self._responders.chosen(due):
             return
-        with self._due_lock:
-            self._notified = True
         try:
             delay = float(due) - time.time() if due else 0.0
         except ValueError:
             delay = 0.0
-        # A run parked in a wait without a deadline is "due" in the year
-        # 9999: only what comes due soon is worth a place in the heap.
-        if 0 < delay <= MAX_DUE_AHEAD:
-            with self._due_lock:
-                if len(self._due_times) < MAX_DUE_TIMES:
-                    heapq.heappush(self._due_times, time.monotonic() + delay)
+        with self._due_lock:
+            if delay <= 0:
+                self._notified = True  # due now: a claim may find it
+            # A run parked in a wait without a deadline is "due" in the year
+            # 9999: only what comes due soon is worth a place in the heap.
+            elif delay <= MAX_DUE_AHEAD and len(self._due_times) < MAX_DUE_TIMES:
+                heapq.heappush(self._due_times, time.monotonic() + delay)
         self._event.set()
 
     def take_notified(self):
@@ -176,9 +175,11 @@ class Responders:
     def chosen(self, payload):
         """Whether this worker answers a notification with `payload`: a
         run's due time, or ``after:NAME`` — passed on by the peer NAME, for
-        the peers that follow it."""
+        the peers that follow it. An empty payload (a slot of a limited
+        queue freed: whichever peer has room may take the run waiting for
+        it) is everyone's."""
         peers = self._peers
-        if len(peers) <= RESPONDERS or self.name not in peers:
+        if not payload or len(peers) <= RESPONDERS or self.name not in peers:
             return True
         origin = payload.removeprefix(PASSED_ON)
         if origin != payload and origin in peers:
@@ -249,7 +250,10 @@ class Listener:
 
     def _ping(self, wrapper, raw):
         with deadline.guard(wrapper, "checking the listening connection"):
-            if self.on_ping is None:
-                raw.execute("SELECT 1")
-            else:
-                self.on_ping(wrapper)
+            if self.on_ping is not None:
+                try:
+                    self.on_ping(wrapper)
+                    return
+                except Exception as exc:  # noqa: BLE001 - the ping below tells a dead connection
+                    logger.warning("reading the worker's peers failed: %s", exc)
+            raw.execute("SELECT 1")
