@@ -65,7 +65,18 @@ class WorkerProcess:
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
+            self.dump_stacks()
             pytest.fail(f"worker {self.name} still running after {timeout}s:\n{self.log()}")
+
+    def dump_stacks(self):
+        """End a process that hangs with SIGABRT, so that its log shows where
+        each of its threads was (its environment sets PYTHONFAULTHANDLER)."""
+        if self.alive():
+            self.process.send_signal(signal.SIGABRT)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
 
     def alive(self):
         return self.process.poll() is None
@@ -87,6 +98,7 @@ def manage_py_environment(extra=None):
         EVERYSTEP_DATABASE_URL=database_url(),
         PYTHONPATH=str(REPO),
         PYTHONUNBUFFERED="1",
+        PYTHONFAULTHANDLER="1",  # a hang's stacks: see `WorkerProcess.dump_stacks`
     )
     if session_url():
         env["EVERYSTEP_SESSION_URL"] = session_url()
