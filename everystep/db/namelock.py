@@ -112,6 +112,7 @@ class _ConnectionLock(NameLock):
         self._session = None  # the session that holds (or last held) the lock
         self._session_opened_at = None  # when its connection opened (monotonic)
         self._connected_at = None  # when the lock's connection opened (monotonic)
+        self._connection_session = None  # the server's session of that connection
         self._lost = False
         self._held = False  # taken on the current connection
 
@@ -136,21 +137,24 @@ class _ConnectionLock(NameLock):
                             cursor.execute(statement)
                     except DatabaseError:  # an older server without it: best effort
                         pass
+            self._connection_session = self._scalar(self.session_sql)
             self._refuse_an_undeclared_pooler()
         if self._scalar(self.acquire_sql, [self.key]) != 1:
             return False
         self._held = True
-        self._session = self._scalar(self.session_sql)
+        self._session = self._connection_session
         self._session_opened_at = self._connected_at
         return True
 
     def _refuse_an_undeclared_pooler(self):
         """Raise `ConfigurationError` if a connection pooler stands between
         the lock's connection and the server and nobody declared it a
-        session of its own. One query, when the lock's connection opens."""
-        server_session_id = self._scalar(sessions.SESSION_ID_SQL[self._connection.vendor])
+        session of its own: the server's session id, read when the
+        connection opened, is not the driver's."""
         if sessions.declared_session(self.alias):
             return
+        session = self._connection_session
+        server_session_id = session[0] if isinstance(session, tuple) else session
         if sessions.behind_pooler(self._connection, server_session_id):
             self._drop_connection()
             raise ConfigurationError(

@@ -71,8 +71,6 @@ _SERVER_SQL = {
     "postgresql": "SELECT pg_postmaster_start_time()::text, pg_backend_pid()",
     "mysql": "SELECT CONCAT_WS(':', @@hostname, @@port, @@server_id), CONNECTION_ID()",
 }
-# The session's id as the server gives it, alone.
-SESSION_ID_SQL = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
 
 
 def session_alias():
