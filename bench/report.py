@@ -206,6 +206,19 @@ def _steps(t, get):
             backend,
             f"engine's own Python: {number(step - driver)} µs per step",
         )
+        server_step = get(f"{prefix}.server_step_us")
+        server_limit = get(f"{prefix}.server_limit_us")
+        if server_step is not None and server_limit is not None:
+            t.row(
+                "  the step's INSERT on the server (executing)",
+                server_step,
+                "µs",
+                note=f"the limit's INSERT: {number(server_limit)} µs; WAL "
+                f"{number(get(f'{prefix}.server_step_wal_records'))} records, "
+                f"{number(get(f'{prefix}.server_step_wal_bytes'))} B against "
+                f"{number(get(f'{prefix}.server_limit_wal_records'))}, "
+                f"{number(get(f'{prefix}.server_limit_wal_bytes'))} B",
+            )
         for label, variant in (
             ("  added by the metrics", "metrics"),
             ("  by the metrics and spans, no-op tracer", "tracing_noop"),

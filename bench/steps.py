@@ -16,7 +16,12 @@ wrapper times the statements in the driver, which splits a step's cost into
 the database's part and the engine's own Python. On PostgreSQL the number
 of statements the connection has prepared on the server is reported too: a
 step statement parsed and planned anew each time costs more than a
-prepared one.
+prepared one. And the server's own side, from ``pg_stat_statements``
+over the timed repetitions: the mean execution time of the step's fenced
+INSERT and of the limit's plain one, and the WAL records and bytes each
+writes (the fence's share lock on the run's row, the step's two indexes):
+what the step statement costs the server beyond the INSERT, apart from
+the commit both wait for and the client's Python.
 
 The cost of observability: what a recorded step's own announcements cost
 with the metrics subscribed (`everystep.observe.metrics`, as every worker has them),
@@ -159,12 +164,53 @@ def subscribers(callbacks):
             events.unsubscribe(callback)
 
 
+# pg_stat_statements' rows of the two INSERTs compared, by their text's start.
+SERVER_STATEMENTS = {"step": "INSERT INTO everystep_step ", "limit": "INSERT INTO bench_limit "}
+
+
+def reset_statement_statistics():
+    """Start PostgreSQL's statement statistics afresh; False where they are
+    not kept (another backend, or a server without pg_stat_statements)."""
+    if connection.vendor != "postgresql":
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_available_extensions WHERE name = 'pg_stat_statements'"
+        )
+        if not cursor.fetchone()[0]:
+            return False
+        cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        cursor.execute("SELECT pg_stat_statements_reset()")
+    return True
+
+
+def server_costs():
+    """``{figure: value}`` of the server's side of the step's INSERT and the
+    limit's, per call: execution µs, WAL records, WAL bytes."""
+    figures = {}
+    with connection.cursor() as cursor:
+        for label, start in SERVER_STATEMENTS.items():
+            cursor.execute(
+                "SELECT sum(total_exec_time) / sum(calls) * 1000, "
+                "sum(wal_records)::float / sum(calls), sum(wal_bytes)::float / sum(calls) "
+                "FROM pg_stat_statements WHERE query LIKE %s AND calls > 0",
+                [start + "%"],
+            )
+            executed, records, wal_bytes = cursor.fetchone()
+            if executed is not None:
+                figures[f"server_{label}_us"] = executed
+                figures[f"server_{label}_wal_records"] = records
+                figures[f"server_{label}_wal_bytes"] = wal_bytes
+    return figures
+
+
 def measure(count=200, repeat=7, sequential=50):
     limit = PhysicalLimit()
     try:
         durability = limit.durability()
         limit.per_commit(100)  # warm both paths: connections, prepared statements, caches
         recorded_run(50)
+        statistics_kept = reset_statement_statistics()
         limits, costs, waits, statements, writes = [], [], [], [], []
         for _ in range(repeat):
             limits.append(limit.per_commit(count))
@@ -173,6 +219,7 @@ def measure(count=200, repeat=7, sequential=50):
             waits.append(waited)
             statements.append(sent)
             writes.append(written)
+        server = server_costs() if statistics_kept else {}
     finally:
         limit.close()
     added = observability_costs()
@@ -189,6 +236,7 @@ def measure(count=200, repeat=7, sequential=50):
         "steps_per_run": count,
         "sequential_5_step_run_ms": median(sequential_runs) * 1e3,
         "durability": durability,
+        **server,
     }
     if writes[0] is not None:
         figures["step_write_transactions"] = (median(writes) - 1) / count

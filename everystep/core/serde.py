@@ -33,6 +33,9 @@ MAX_DEPTH = 100
 #: encoded: far below MariaDB's default max_allowed_packet (16 MiB), and
 #: more than any value a workflow should pass between steps.
 MAX_RECORD_BYTES = 8 * 1024 * 1024
+# One encoder for every value: ``json.dumps`` with separators builds a new
+# one per call, and a step encodes three values.
+_compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def to_json(value, _depth=0):
@@ -92,13 +95,13 @@ def from_json(data):
 
 def encode(value):
     """Serialize `value` to JSON text (see `to_json`)."""
-    return json.dumps(to_json(value), separators=(",", ":"))
+    return _compact(to_json(value))
 
 
 def dumps(data):
     """JSON text of data `to_json` returned, for a column: None stays None
     (SQL NULL)."""
-    return None if data is None else json.dumps(data, separators=(",", ":"))
+    return None if data is None else _compact(data)
 
 
 def check_size(what, *texts):

@@ -20,12 +20,22 @@ from everystep.core.ids import NAME as _NAME
 from everystep.errors import EverystepError
 
 MAX_STEP_ID_LENGTH = 300
-_local = threading.local()
+
+
+class _ThreadState(threading.local):
+    """What this thread runs: read on every step, so unset slots are
+    class attributes, not a missing attribute's exception."""
+
+    context = None
+    host = None
+
+
+_local = _ThreadState()
 
 
 def current():
     """The running workflow's `Context` on this thread, or None outside a run."""
-    return getattr(_local, "context", None)
+    return _local.context
 
 
 class _on_this_thread:
@@ -162,7 +172,7 @@ class HostTransaction:
 
 def host_transaction():
     """This thread's `HostTransaction`, or None (always, in a worker)."""
-    return getattr(_local, "host", None)
+    return _local.host
 
 
 class hosting(_on_this_thread):
