@@ -242,8 +242,10 @@ def start_pgbouncer(base_dir: Path, postgres_url: str | None = None) -> Database
     """Start PgBouncer in transaction mode in front of the PostgreSQL at
     `postgres_url` (by default the test server, started first if need be),
     as a platform's pooler stands in front of its database: every database
-    name passes through, the password is checked (SCRAM), and the pool is
-    smaller than the clients it serves. Its admin console is the database
+    name passes through, the password is checked (SCRAM), the pool is
+    smaller than the clients it serves, and a client's transactions go to
+    its server connections in turn (as they do under other clients' load,
+    not to the one it used last). Its admin console is the database
     ``pgbouncer`` (`pgbouncer_admin`)."""
     pgbouncer = shutil.which("pgbouncer", path="/usr/sbin:/usr/bin:/sbin:" + os.environ["PATH"])
     if pgbouncer is None:
@@ -271,6 +273,7 @@ def start_pgbouncer(base_dir: Path, postgres_url: str | None = None) -> Database
         "admin_users = everystep\n"
         "pool_mode = transaction\n"
         f"default_pool_size = {PGBOUNCER_POOL_SIZE}\n"
+        "server_round_robin = 1\n"
         "max_client_conn = 1000\n"
         "ignore_startup_parameters = extra_float_digits\n"
         f"pidfile = {base_dir / 'pgbouncer.pid'}\n"

@@ -7,18 +7,27 @@ session of their own: without `EVERYSTEP_SESSION_URL` a worker refuses to
 start, with one it takes its name there, and two workers never hold one
 name. The pooler's own upsets — its server connections closed under it
 (``RECONNECT``), its clients held (``PAUSE``/``RESUME``), the pooler
-restarted — lose no run and execute no step twice.
+restarted — lose no run and execute no step twice. A worker prepares no
+statement before it knows the pooler is there, even while it waits for
+the migrations.
 """
 
 import collections
 import signal
+import subprocess
+import sys
+import urllib.parse
+import uuid
 
+import psycopg
 import pytest
+from django.db import connection
 
 from everystep import schedule
 from everystep.models import Step, Workflow
 from tests import servers, workflows
-from tests.helpers import session_url, wait_until
+from tests.helpers import database_url, session_url, wait_until
+from tests.workerproc import REPO, manage_py_environment
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backends("pgbouncer")]
 
@@ -138,3 +147,75 @@ def test_the_poolers_upsets_lose_no_run_and_repeat_no_step(spawn_worker, tmp_pat
     wait_completed(run_ids, timeout=180)
     assert_each_step_once(path, run_ids)
     stop(*workers)
+
+
+@pytest.fixture
+def unmigrated_database():
+    """A new, empty database on the test PostgreSQL: ``(its URL through
+    PgBouncer, its direct URL)``."""
+    name = f"everystep_early_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE DATABASE {name}")
+    pooled = database_url().rsplit("/", 1)[0] + f"/{name}"
+    direct = urllib.parse.urlsplit(servers.server_url("postgres"))._replace(path=f"/{name}")
+    yield pooled, direct.geturl()
+    servers.pgbouncer_admin(f"KILL {name}")
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def open_server_connections(url, count):
+    """Make PgBouncer open `count` server connections to `url`'s database:
+    as many transactions at once, then let them go back to its pool."""
+    clients = [psycopg.connect(url, prepare_threshold=None) for _ in range(count)]
+    for client in clients:
+        client.execute("SELECT 1")  # a transaction begun: a server held
+    for client in clients:
+        client.commit()  # a server left in a transaction would be closed
+        client.close()
+
+
+def most_calls_of_one_statement(database):
+    """How many times the server ran the statement it ran most in `database`."""
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        cursor.execute(
+            "SELECT coalesce(max(calls), 0) FROM pg_stat_statements "
+            "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s)",
+            [database],
+        )
+        return cursor.fetchone()[0]
+
+
+def test_a_worker_waiting_for_the_migrations_through_the_pooler_prepares_nothing(
+    spawn_worker, unmigrated_database
+):
+    """Waiting for the migrations, a worker looks at them every second
+    through the pooler, each look in another server session; a statement
+    prepared in one (psycopg prepares one run five times) does not exist in
+    the next. The worker prepares none before it knows the pooler is there,
+    and starts once the migrations are applied."""
+    pooled, direct = unmigrated_database
+    database = urllib.parse.urlsplit(direct).path.lstrip("/")
+    open_server_connections(pooled, 3)
+    env = {"EVERYSTEP_DATABASE_URL": pooled, "EVERYSTEP_SESSION_URL": direct}
+    worker = spawn_worker("early", "--wait-for-migrations", "120", env=env)
+    worker.wait_for_log("waiting up to 120s")
+
+    def looked_eight_times():
+        assert worker.alive(), worker.log()
+        return most_calls_of_one_statement(database) >= 8
+
+    wait_until(looked_eight_times, timeout=60, message="the worker's 8th look at the migrations")
+    migrate = subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "-v", "0"],
+        env=manage_py_environment({"EVERYSTEP_DATABASE_URL": direct}),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert migrate.returncode == 0, migrate.stderr
+    worker.wait_ready()
+    assert "does not exist" not in worker.log()
+    stop(worker)

@@ -85,3 +85,26 @@ def test_sessions_opened_before_the_server_changed_are_not_ended(other_connectio
     assert sessions.end_abandoned(connection) == 0
     assert session_alive(session)
     assert not sessions.pending()
+
+
+@pytest.mark.backends("postgres")
+def test_statements_wait_unprepared_until_the_server_is_found_direct():
+    """A worker prepares nothing until it has looked for a pooler; found
+    none, its database's own prepare_threshold is back, on its open
+    connection and on those it opens after."""
+    connection.ensure_connection()
+    own = connection.settings_dict["OPTIONS"].get("prepare_threshold")
+    sessions.hold_prepared(connection)
+    try:
+        assert connection.connection.prepare_threshold is None
+        assert (
+            connections.create_connection("default").settings_dict["OPTIONS"]["prepare_threshold"]
+            is None
+        )
+        sessions.note_server(connection)
+    finally:
+        sessions._release_prepared(connection)  # whatever happened above
+    assert connection.settings_dict["OPTIONS"].get("prepare_threshold") == own
+    assert connection.connection.prepare_threshold == (
+        own if "prepare_threshold" in connection.settings_dict["OPTIONS"] else 5
+    )

@@ -170,7 +170,7 @@ def note_server(wrapper):
     are never ended (their ids may name other sessions there), nor any behind
     a pooler. One query; called when a worker starts and before ending
     sessions."""
-    global _server, _pooled
+    global _server, _pooled, _held
     if wrapper.vendor not in _SERVER_SQL:
         return
     with wrapper.cursor() as cursor:
@@ -181,6 +181,10 @@ def note_server(wrapper):
         _prepare_nothing(wrapper)
         events.announce("behind_pooler")
     _pooled = pooled_now
+    if _pooled:
+        _held = None  # held for good
+    else:
+        _release_prepared(wrapper)
     with _lock:
         if _pooled:
             _abandoned.clear()
@@ -188,6 +192,38 @@ def note_server(wrapper):
             _server = (identity, 0.0)  # the first one seen: every session so far is there
         elif _server[0] != identity:
             _server = (identity, time.monotonic())
+
+
+PSYCOPG_PREPARE_THRESHOLD = 5  # psycopg's default: prepared after 5 executions
+_held = None  # while `hold_prepared` holds them: (whether the alias set its own, its value)
+
+
+def hold_prepared(wrapper):
+    """Prepare no statement on `wrapper`'s alias (the default database) until
+    `note_server` has looked for a pooler: a worker's first statements (the
+    migrations it waits for, its registration) may already go through one."""
+    global _held
+    if wrapper.vendor != "postgresql" or _held is not None:
+        return
+    options = wrapper.settings_dict.setdefault("OPTIONS", {})
+    _held = ("prepare_threshold" in options, options.get("prepare_threshold"))
+    _prepare_nothing(wrapper)
+
+
+def _release_prepared(wrapper):
+    """No pooler: give `wrapper`'s alias its own prepare_threshold back."""
+    global _held
+    if _held is None:
+        return
+    (own, threshold), _held = _held, None
+    options = wrapper.settings_dict["OPTIONS"]
+    if own:
+        options["prepare_threshold"] = threshold
+    else:
+        options.pop("prepare_threshold", None)
+        threshold = PSYCOPG_PREPARE_THRESHOLD
+    if wrapper.connection is not None:
+        wrapper.connection.prepare_threshold = threshold
 
 
 def _prepare_nothing(wrapper):
@@ -199,7 +235,8 @@ def _prepare_nothing(wrapper):
     if wrapper.vendor != "postgresql":
         return
     wrapper.settings_dict.setdefault("OPTIONS", {})["prepare_threshold"] = None
-    wrapper.connection.prepare_threshold = None
+    if wrapper.connection is not None:
+        wrapper.connection.prepare_threshold = None
 
 
 def forget_abandoned():
