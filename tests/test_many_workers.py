@@ -7,15 +7,17 @@ workers: a worker that claimed on every notification — sixteen claims for
 each run scheduled — fails here.
 """
 
+import datetime
 import signal
 import uuid
+import zlib
 
 import pytest
 from django.db import connection
 from django.utils import timezone
 
 from everystep import schedule
-from everystep.models import Step, Workflow
+from everystep.models import Step, Worker, Workflow
 from everystep.worker import wakeup
 from tests import workflows
 from tests.helpers import wait_until
@@ -27,18 +29,23 @@ POOL = 2
 MAX_CLAIMS_PER_RUN = 3
 
 
-def claim_statements():
-    """How many claims the server has executed since the last reset."""
+def calls(like):
+    """How many times the server ran the statements of this database whose
+    text is `like` (a LIKE pattern), since the last reset."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements "
             "WHERE query LIKE %s AND dbid = (SELECT oid FROM pg_database "
             "WHERE datname = current_database())",
-            # The claim's UPDATE, and only it, with its constants shown or
-            # normalized into parameters.
-            ["%claimed_by = %claimed_at = %started_at = COALESCE(started_at%"],
+            [like],
         )
         return int(cursor.fetchone()[0])
+
+
+def claim_statements():
+    """How many claims the server has executed since the last reset: the
+    claim's UPDATE, and only it, its constants shown or normalized."""
+    return calls("%claimed_by = %claimed_at = %started_at = COALESCE(started_at%")
 
 
 def reset_statements():
@@ -125,10 +132,93 @@ def test_two_adjacent_peers_answer_each_notification_and_the_word_passes_on():
     # A freed slot of a limited queue (no payload): whoever has room.
     assert all(responder.chosen("") for responder in responders.values())
     # Passed on by a peer: the two after it.
-    after = [name for name, r in responders.items() if r.chosen(f"{wakeup.PASSED_ON}many-15")]
+    after = [name for name, r in responders.items() if r.chosen(f"{wakeup.PASSED_ON}3:many-15")]
     assert after == ["many-00", "many-01"]
+    assert responders["many-00"].passes(f"{wakeup.PASSED_ON}3:many-15") == 3
+    assert responders["many-00"].passes("1765000000.5") == 0
+    assert responders["many-00"].passes("") == wakeup.HEARD_BY_ALL
+    # Each pass reaches the next two: after 7 passes the word has been round
+    # the sixteen, and goes no further.
+    assert responders["many-00"].may_pass_on(6) and not responders["many-00"].may_pass_on(7)
+    assert not responders["many-00"].may_pass_on(wakeup.HEARD_BY_ALL)
+    # A full worker passes the word on only if another peer had room.
+    responders["many-00"]._with_room = frozenset({"many-00"})
+    assert not responders["many-00"].others_have_room()
+    responders["many-00"]._with_room = frozenset({"many-00", "many-09"})
+    assert responders["many-00"].others_have_room()
     # The polling is shared: sixteen peers poll as two would.
     assert responders["many-00"].spread() == WORKERS / wakeup.RESPONDERS
     # Peers not yet known (or two or fewer): every notification is its own.
     alone = wakeup.Responders("many-00", poll=0.2)
     assert alone.chosen("anything") and alone.spread() == 1.0
+
+
+def payload_of(run_at):
+    """The notification's payload of a run due at `run_at` (migration 0009)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extract(epoch FROM %s::timestamptz)::text", [run_at])
+        return cursor.fetchone()[0]
+
+
+def responders_of(payload, peers):
+    """The two peers that answer `payload` (`wakeup.Responders.chosen`)."""
+    first = zlib.crc32(payload.encode()) % len(peers)
+    return {peers[(first + k) % len(peers)] for k in range(wakeup.RESPONDERS)}
+
+
+def test_a_run_whose_two_responders_are_full_goes_to_a_peer_with_room(spawn_worker, tmp_path):
+    """Four workers of one run each; three hold a run at a gate. A run
+    scheduled whose notification falls to two of the full ones is claimed
+    at once by the fourth, which had room: the full ones pass the word on.
+    The workers poll every 600 s, so no poll finds it meanwhile."""
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    names = [f"room-{letter}" for letter in "abcd"]
+    workers = [spawn_worker(name, "--pool", "1", "--poll", "600") for name in names]
+    for worker in workers:
+        worker.wait_ready(timeout=120)
+    for worker in workers:
+        worker.wait_for_log("is one of 4 ready worker(s)", timeout=60)
+    gates = [tmp_path / f"gate-{n}" for n in range(3)]
+    now = timezone.now()
+    for gate in gates:
+        gate.mkdir()
+    Workflow.objects.bulk_create(  # one transaction, one notification: passed on to the third
+        Workflow(name="tests.workflows.gated", args=[str(gate)], run_at=now) for gate in gates
+    )
+    wait_until(
+        lambda: Worker.objects.filter(name__in=names, in_flight=1).count() == 3,
+        timeout=60,
+        message="three workers full, as their heartbeats say",
+    )
+    [idle] = Worker.objects.filter(name__in=names, in_flight=0).values_list("name", flat=True)
+    reads = calls("SELECT name, workflows, queues, pool_size, in_flight FROM everystep_worker%")
+    wait_until(  # eight reads by four listeners 5 s apart: each has read since
+        lambda: calls("SELECT name, workflows, queues, pool_size%") >= reads + 8,
+        timeout=60,
+        message="every worker read its peers' heartbeats",
+    )
+    run_at = next(
+        moment
+        for moment in (now - datetime.timedelta(milliseconds=k) for k in range(1, 1000))
+        if idle not in responders_of(payload_of(moment), sorted(names))
+    )
+    run = Workflow.objects.create(name="tests.workflows.quick", args=[7], run_at=run_at)
+    wait_until(
+        lambda: Workflow.objects.get(id=run.id).status == "completed",
+        timeout=30,
+        message="the run completed by the worker with room",
+    )
+    assert Workflow.objects.get(id=run.id).claimed_by == idle
+    for gate in gates:
+        (gate / "first.go").write_text("")
+        (gate / "second.go").write_text("")
+    wait_until(
+        lambda: Workflow.objects.filter(status="completed").count() == 4,
+        timeout=60,
+        message="the gated runs completed",
+    )
+    for worker in workers:
+        worker.send(signal.SIGTERM)
+    for worker in workers:
+        assert worker.wait() == 0, worker.log()

@@ -737,11 +737,14 @@ def claimed_from_returning(rows, worker_name, token):
     return sorted(claimed, key=lambda run: run.fence.run_id)
 
 
-def pass_on(worker_name):
+def pass_on(worker_name, passes):
     """Wake more workers (PostgreSQL): a notification that the peers after
-    `worker_name` answer (``after:NAME``, `everystep.worker.wakeup.Responders`)."""
+    `worker_name` answer, passed on for the `passes`-th time
+    (``after:PASSES:NAME``, `everystep.worker.wakeup.Responders`)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"after:{worker_name}"])
+        cursor.execute(
+            "SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"after:{passes}:{worker_name}"]
+        )
 
 
 def _apply_claim_settings(db):

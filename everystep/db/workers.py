@@ -139,26 +139,40 @@ def holding_runs(asking):
     return dict(rows.values_list("name", "heartbeat_at"))
 
 
+@dataclasses.dataclass(frozen=True)
+class Peers:
+    """The ready workers that serve what one worker serves: their `names`,
+    sorted, and those of them that had room for more runs (`with_room`) at
+    their last heartbeat."""
+
+    names: tuple = ()
+    with_room: frozenset = frozenset()
+
+
 def peers(name, using):
-    """The names, sorted, of the ready workers with a recent heartbeat that
-    register the same workflows and serve the same queues as the worker
-    `name` (itself among them once it is ready): the workers a run that
-    `name` can claim may as well go to. Read on the connection `using` (a
-    Django connection wrapper); empty while `name` has no such row."""
+    """The `Peers` of the worker `name`: the ready workers with a recent
+    heartbeat that register the same workflows and serve the same queues
+    (itself among them once it is ready), the workers a run that `name` can
+    claim may as well go to. Read on the connection `using` (a Django
+    connection wrapper); none while `name` has no such row."""
     with using.cursor() as cursor:
         cursor.execute(
-            "SELECT name, workflows, queues FROM everystep_worker "
+            "SELECT name, workflows, queues, pool_size, in_flight FROM everystep_worker "
             "WHERE state = %s AND heartbeat_at >= %s",
             [
                 Worker.State.READY,
                 using.ops.adapt_datetimefield_value(_lost_before(timezone.now())),
             ],
         )
-        rows = {row[0]: (_listed(row[1]), _listed(row[2])) for row in cursor.fetchall()}
-    serves = rows.get(name)
-    if serves is None:
-        return ()
-    return tuple(sorted(peer for peer, its in rows.items() if its == serves))
+        rows = {
+            row[0]: ((_listed(row[1]), _listed(row[2])), row[4] < row[3])
+            for row in cursor.fetchall()
+        }
+    if name not in rows:
+        return Peers()
+    serves = rows[name][0]
+    names = tuple(sorted(peer for peer, (its, _) in rows.items() if its == serves))
+    return Peers(names, frozenset(peer for peer in names if rows[peer][1]))
 
 
 def _listed(value):

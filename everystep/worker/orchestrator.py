@@ -164,12 +164,12 @@ class Worker:
         while not self._shutdown.requested.is_set() and self._loops.died is None:
             self._wakeup.clear()
             self._pool.reap()
-            notified = self._wakeup.take_notified()
-            if self._turn_now(notified, next_turn):
-                idle = not self._pool.in_flight
+            passes = self._wakeup.take_notified()
+            if self._turn_now(passes is not None, next_turn):
+                idle, full = not self._pool.in_flight, self._pool.capacity <= 0
                 wait = self._turn()
-                if notified and idle and self._pool.in_flight and self._claimer.may_find_more:
-                    self._pass_on()
+                if passes is not None and self._word_to_pass_on(passes, idle, full):
+                    self._pass_on(passes + 1)
                 next_turn = time.monotonic() + wait
             self._wait(max(0.0, next_turn - time.monotonic()))
 
@@ -187,13 +187,23 @@ class Worker:
             or time.monotonic() >= next_turn
         )
 
-    def _pass_on(self):
-        """Woken from idle, the claim took all it could: more runs may wait
-        than this worker takes, so wake the two peers after it (best effort:
-        the others' polls find the runs anyway)."""
+    def _word_to_pass_on(self, passes, idle, full):
+        """Whether to wake the peers after this worker, notified (the word
+        passed on `passes` times): woken from idle, its claim took all it
+        could, so more runs may wait than it takes; or, `full`, it could take
+        none, which a peer with room may."""
+        if idle:
+            taken_all = self._pool.in_flight and self._claimer.may_find_more
+            return bool(taken_all) and self._wakeup.may_pass_on(passes, full=False)
+        return full and self._wakeup.may_pass_on(passes, full=True)
+
+    def _pass_on(self, passes):
+        """Wake the two peers after this worker with the word passed on for
+        the `passes`-th time (best effort: the others' polls find the runs
+        anyway)."""
         try:
             with deadline.guard(connections[DEFAULT_DB_ALIAS], "waking more workers"):
-                claims.pass_on(self.name)
+                claims.pass_on(self.name, passes)
         except Exception as exc:  # noqa: BLE001 - a poll finds the runs
             transient.drop_after(exc)
 

@@ -24,13 +24,18 @@ the `RESPONDERS` that a notification's payload hashes to answer it; the
 others let it pass. So a run scheduled wakes two workers into a claim each,
 however many wait idle, and the peers share the polling: each polls
 `Responders.spread()` times less often, the group as often as two workers
-would. A worker that claimed a full batch when woken from idle passes the
-word on (`everystep.db.claims.pass_on`), so a burst spreads over the idle
-peers in a few hops.
+would. The word is passed on (`everystep.db.claims.pass_on`) to the two
+peers after a worker that claimed a full batch when woken from idle, so a
+burst spreads over the idle peers in a few hops, and after a worker
+woken while full, when another peer had room at its last heartbeat, so a
+run does not wait for a poll while its two responders are busy. A word
+passed on says how many times it was (``after:PASSES:NAME``); it goes
+round the peers once at most.
 """
 
 import heapq
 import logging
+import math
 import threading
 import time
 import zlib
@@ -46,7 +51,8 @@ logger = logging.getLogger(__name__)
 
 PING_INTERVAL = 5.0  # seconds between reads of the peers, which prove the connection alive
 RESPONDERS = 2  # workers of a group that answer one notification
-PASSED_ON = "after:"  # a notification's payload that a peer passed on: after:NAME
+PASSED_ON = "after:"  # a notification's payload that a peer passed on: after:PASSES:NAME
+HEARD_BY_ALL = math.inf  # the passes of a notification every peer answers: none to pass on
 MAX_DUE_TIMES = 10_000  # notified due times a worker keeps; past that it polls for them
 MAX_DUE_AHEAD = 86_400.0  # seconds; a run due later than this is found by a poll
 
@@ -62,7 +68,9 @@ class Wakeup:
         self._due_lock = threading.Lock()  # guards the due times and `_notified`
         self._listener = None
         self._responders = Responders(options.name, options.poll)
-        self._notified = False  # a notification for this worker since the last turn
+        # The fewest passes of the notifications for this worker since the
+        # last turn (None: none came).
+        self._passes = None
 
     def set(self):
         """Wake the loop now."""
@@ -86,7 +94,7 @@ class Wakeup:
         with self._due_lock:
             while self._due_times and self._due_times[0] <= now:
                 heapq.heappop(self._due_times)
-                self._notified = True
+                self._passes = _fewer(self._passes, 0)
 
     def notified(self, due=None):
         """A run was scheduled, due at `due` (Unix seconds, as text) if
@@ -95,13 +103,14 @@ class Wakeup:
         Without `due` (the listener just connected), always wake."""
         if due is not None and not self._responders.chosen(due):
             return
+        passes = HEARD_BY_ALL if due is None else self._responders.passes(due)
         try:
             delay = float(due) - time.time() if due else 0.0
         except ValueError:
             delay = 0.0
         with self._due_lock:
             if delay <= 0:
-                self._notified = True  # due now: a claim may find it
+                self._passes = _fewer(self._passes, passes)  # due now: a claim may find it
             # A run parked in a wait without a deadline is "due" in the year
             # 9999: only what comes due soon is worth a place in the heap.
             elif delay <= MAX_DUE_AHEAD and len(self._due_times) < MAX_DUE_TIMES:
@@ -109,12 +118,22 @@ class Wakeup:
         self._event.set()
 
     def take_notified(self):
-        """Whether a notification for this worker came, or a run it was
-        notified of fell due, since the last call."""
+        """None, or the passes of the notification for this worker that came
+        since the last call (0: from the database itself, or a run it was
+        notified of that fell due; `HEARD_BY_ALL`: every peer heard it), the
+        fewest if more than one came."""
         self._pop_due()
         with self._due_lock:  # the listener's thread sets it
-            notified, self._notified = self._notified, False
-        return notified
+            passes, self._passes = self._passes, None
+        return passes
+
+    def may_pass_on(self, passes, *, full):
+        """Whether to pass on a notification that came after `passes` passes:
+        it has not gone round the peers yet, and this worker is not `full`
+        or another peer had room at its last heartbeat."""
+        return self._responders.may_pass_on(passes) and (
+            not full or self._responders.others_have_room()
+        )
 
     @property
     def listening(self):
@@ -155,14 +174,16 @@ class Responders:
     def __init__(self, name, poll):
         self.name = name
         self._poll = poll
-        self._peers = ()  # replaced whole by the listener's thread
+        self._peers = ()  # their names, replaced whole by the listener's thread
+        self._with_room = frozenset()  # of them, those with room at their last heartbeat
 
     def read(self, wrapper):
         """Read the peers on `wrapper` (the listener's connection); say so
         when their number changed."""
-        peers = workers.peers(self.name, using=wrapper)
+        found = workers.peers(self.name, using=wrapper)
+        peers = found.names
         changed = len(peers) != len(self._peers)
-        self._peers = peers
+        self._peers, self._with_room = peers, found.with_room
         if changed:
             events.announce(
                 "peers",
@@ -179,19 +200,60 @@ class Responders:
         queue freed: whichever peer has room may take the run waiting for
         it) is everyone's."""
         peers = self._peers
-        if not payload or len(peers) <= RESPONDERS or self.name not in peers:
+        if self._heard_by_all(payload):
             return True
-        origin = payload.removeprefix(PASSED_ON)
-        if origin != payload and origin in peers:
+        origin = _passed_on(payload)[1]
+        if origin is not None and origin in peers:
             first = peers.index(origin) + 1
         else:
             first = zlib.crc32(payload.encode()) % len(peers)
         return self.name in {peers[(first + k) % len(peers)] for k in range(RESPONDERS)}
 
+    def passes(self, payload):
+        """How many times the notification with `payload` was passed on, or
+        `HEARD_BY_ALL` when every peer answers it."""
+        if self._heard_by_all(payload):
+            return HEARD_BY_ALL
+        passes = _passed_on(payload)[0]
+        return 0 if passes is None else passes
+
+    def may_pass_on(self, passes):
+        """Whether a notification passed on `passes` times may be passed
+        again: each pass reaches the next `RESPONDERS` peers, so it has gone
+        round them all after this many passes."""
+        rounds = math.ceil((len(self._peers) - RESPONDERS) / RESPONDERS)
+        return passes < rounds
+
+    def others_have_room(self):
+        """Whether a peer other than this worker had room for more runs at
+        its last heartbeat."""
+        return bool(self._with_room - {self.name})
+
+    def _heard_by_all(self, payload):
+        peers = self._peers
+        return not payload or len(peers) <= RESPONDERS or self.name not in peers
+
     def spread(self):
         """How many times longer than the poll option each peer waits
         between polls, so that the group polls as two workers would."""
         return max(1.0, len(self._peers) / RESPONDERS)
+
+
+def _passed_on(payload):
+    """``(passes, origin)`` of a notification passed on (``after:PASSES:NAME``,
+    or ``after:NAME``, once), ``(None, None)`` of any other."""
+    if not payload.startswith(PASSED_ON):
+        return None, None
+    rest = payload.removeprefix(PASSED_ON)
+    passes, colon, origin = rest.partition(":")
+    if colon and passes.isdigit():
+        return int(passes), origin
+    return 1, rest
+
+
+def _fewer(passes, more):
+    """The fewer passes of two, either one None (no notification)."""
+    return more if passes is None else min(passes, more)
 
 
 class Listener:
