@@ -10,7 +10,6 @@ each run scheduled — fails here.
 import datetime
 import signal
 import uuid
-import zlib
 
 import pytest
 from django.db import connection
@@ -118,29 +117,43 @@ def test_a_burst_spreads_over_the_sixteen_workers(sixteen_workers):
 
 
 @pytest.mark.backends("postgres", "mariadb", "sqlite")
-def test_two_adjacent_peers_answer_each_notification_and_the_word_passes_on():
+def test_two_peers_answer_each_notification_and_the_word_goes_round_once():
     """Without a database: which of sixteen peers answer a payload."""
     names = [f"many-{i:02}" for i in range(WORKERS)]
-    responders = {name: wakeup.Responders(name, poll=0.2) for name in names}
-    for responder in responders.values():
-        responder._peers = tuple(names)
-    for payload in ("1765000000.123456", "1765000000.5", "1765000001"):
-        chosen = [name for name, responder in responders.items() if responder.chosen(payload)]
-        assert len(chosen) == wakeup.RESPONDERS
-        first, second = (names.index(name) for name in chosen)
-        assert (second - first) % WORKERS in (1, WORKERS - 1)  # neighbours: one covers the other
+
+    def responders_among(peers):
+        found = {name: wakeup.Responders(name, poll=0.2) for name in peers}
+        for responder in found.values():
+            responder._peers = tuple(peers)
+        return found
+
+    def answering(responders, payload):
+        return {name for name, responder in responders.items() if responder.chosen(payload)}
+
+    responders = responders_among(names)
+    payloads = [f"1765000{n:03}.{n}" for n in range(200)]
+    chosen = {payload: answering(responders, payload) for payload in payloads}
+    assert {len(names) for names in chosen.values()} == {wakeup.RESPONDERS}
+    # Spread over the peers: each answers some of the 200 payloads.
+    assert set().union(*chosen.values()) == set(names)
     # A freed slot of a limited queue (no payload): whoever has room.
-    assert all(responder.chosen("") for responder in responders.values())
-    # Passed on by a peer: the two after it.
-    after = [name for name, r in responders.items() if r.chosen(f"{wakeup.PASSED_ON}3:many-15")]
-    assert after == ["many-00", "many-01"]
-    assert responders["many-00"].passes(f"{wakeup.PASSED_ON}3:many-15") == 3
-    assert responders["many-00"].passes("1765000000.5") == 0
-    assert responders["many-00"].passes("") == wakeup.HEARD_BY_ALL
-    # Each pass reaches the next two: after 7 passes the word has been round
-    # the sixteen, and goes no further.
+    assert answering(responders, "") == set(names)
+    # Passed on: the next two of the payload's ranking each time; after 7
+    # passes the word has been round the sixteen, and goes no further.
+    payload = payloads[0]
+    reached = [answering(responders, f"{wakeup.PASSED_ON}{n}:{payload}") for n in range(8)]
+    assert reached[0] == chosen[payload]
+    assert set().union(*reached) == set(names) and sum(map(len, reached)) == WORKERS
+    word = responders["many-00"].word(f"{wakeup.PASSED_ON}3:{payload}")
+    assert (word.passes, word.key) == (3, payload)
+    assert responders["many-00"].word("").passes == wakeup.HEARD_BY_ALL
     assert responders["many-00"].may_pass_on(6) and not responders["many-00"].may_pass_on(7)
     assert not responders["many-00"].may_pass_on(wakeup.HEARD_BY_ALL)
+    # A peer leaving changes the responders of the payloads it answered, only.
+    fewer = responders_among(names[1:])
+    for payload in payloads:
+        if "many-00" not in chosen[payload]:
+            assert answering(fewer, payload) == chosen[payload]
     # A full worker passes the word on only if another peer had room.
     responders["many-00"]._with_room = frozenset({"many-00"})
     assert not responders["many-00"].others_have_room()
@@ -162,8 +175,13 @@ def payload_of(run_at):
 
 def responders_of(payload, peers):
     """The two peers that answer `payload` (`wakeup.Responders.chosen`)."""
-    first = zlib.crc32(payload.encode()) % len(peers)
-    return {peers[(first + k) % len(peers)] for k in range(wakeup.RESPONDERS)}
+    found = set()
+    for name in peers:
+        responder = wakeup.Responders(name, poll=600)
+        responder._peers = tuple(peers)
+        if responder.chosen(payload):
+            found.add(name)
+    return found
 
 
 def test_a_run_whose_two_responders_are_full_goes_to_a_peer_with_room(spawn_worker, tmp_path):

@@ -737,14 +737,13 @@ def claimed_from_returning(rows, worker_name, token):
     return sorted(claimed, key=lambda run: run.fence.run_id)
 
 
-def pass_on(worker_name, passes):
-    """Wake more workers (PostgreSQL): a notification that the peers after
-    `worker_name` answer, passed on for the `passes`-th time
-    (``after:PASSES:NAME``, `everystep.worker.wakeup.Responders`)."""
+def pass_on(passes, key):
+    """Wake more workers (PostgreSQL): the notification that began with the
+    payload `key`, passed on for the `passes`-th time (``after:PASSES:KEY``),
+    which the next peers in its ranking answer
+    (`everystep.worker.wakeup.Responders`)."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"after:{passes}:{worker_name}"]
-        )
+        cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"after:{passes}:{key}"])
 
 
 def _apply_claim_settings(db):

@@ -164,12 +164,12 @@ class Worker:
         while not self._shutdown.requested.is_set() and self._loops.died is None:
             self._wakeup.clear()
             self._pool.reap()
-            passes = self._wakeup.take_notified()
-            if self._turn_now(passes is not None, next_turn):
+            word = self._wakeup.take_notified()
+            if self._turn_now(word is not None, next_turn):
                 idle, full = not self._pool.in_flight, self._pool.capacity <= 0
                 wait = self._turn()
-                if passes is not None and self._word_to_pass_on(passes, idle, full):
-                    self._pass_on(passes + 1)
+                if word is not None and self._to_pass_on(word, idle, full):
+                    self._pass_on(word)
                 next_turn = time.monotonic() + wait
             self._wait(max(0.0, next_turn - time.monotonic()))
 
@@ -187,23 +187,22 @@ class Worker:
             or time.monotonic() >= next_turn
         )
 
-    def _word_to_pass_on(self, passes, idle, full):
-        """Whether to wake the peers after this worker, notified (the word
-        passed on `passes` times): woken from idle, its claim took all it
-        could, so more runs may wait than it takes; or, `full`, it could take
-        none, which a peer with room may."""
+    def _to_pass_on(self, word, idle, full):
+        """Whether to pass on `word`, the notification that woke this worker:
+        woken from idle, its claim took all it could, so more runs may wait
+        than it takes; or, `full`, it could take none, which a peer with
+        room may."""
         if idle:
             taken_all = self._pool.in_flight and self._claimer.may_find_more
-            return bool(taken_all) and self._wakeup.may_pass_on(passes, full=False)
-        return full and self._wakeup.may_pass_on(passes, full=True)
+            return bool(taken_all) and self._wakeup.may_pass_on(word, full=False)
+        return full and self._wakeup.may_pass_on(word, full=True)
 
-    def _pass_on(self, passes):
-        """Wake the two peers after this worker with the word passed on for
-        the `passes`-th time (best effort: the others' polls find the runs
-        anyway)."""
+    def _pass_on(self, word):
+        """Pass `word` on to the next two peers of its ranking (best effort:
+        the others' polls find the runs anyway)."""
         try:
             with deadline.guard(connections[DEFAULT_DB_ALIAS], "waking more workers"):
-                claims.pass_on(self.name, passes)
+                claims.pass_on(int(word.passes) + 1, word.key)
         except Exception as exc:  # noqa: BLE001 - a poll finds the runs
             transient.drop_after(exc)
 

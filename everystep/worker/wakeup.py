@@ -19,26 +19,33 @@ for an answer, under the engine's deadline, and reconnects if none comes.
 That answer is of use: the worker's peers (`Responders`).
 
 Every listening worker hears every notification, but a run needs one
-worker. Of the peers — the ready workers that serve what this one serves —
-the `RESPONDERS` that a notification's payload hashes to answer it; the
-others let it pass. So a run scheduled wakes two workers into a claim each,
-however many wait idle, and the peers share the polling: each polls
+worker. The peers — the ready workers that serve what this one serves —
+rank themselves for each notification by rendezvous hashing (a hash of the
+peer's name and the payload, highest first), and the first `RESPONDERS`
+answer it; the others let it pass. So a run scheduled wakes two workers
+into a claim each, however many wait idle, and a peer that joins or leaves
+changes the responders of only the notifications it ranks first for: while
+the peers' lists disagree, a notification has a responder more or one
+less, not none. The peers share the polling too: each polls
 `Responders.spread()` times less often, the group as often as two workers
-would. The word is passed on (`everystep.db.claims.pass_on`) to the two
-peers after a worker that claimed a full batch when woken from idle, so a
-burst spreads over the idle peers in a few hops, and after a worker
-woken while full, when another peer had room at its last heartbeat, so a
-run does not wait for a poll while its two responders are busy. A word
-passed on says how many times it was (``after:PASSES:NAME``); it goes
-round the peers once at most.
+would.
+
+The word is passed on (`everystep.db.claims.pass_on`) to the next two in
+the ranking by a worker that claimed a full batch when woken from idle, so
+a burst spreads over the idle peers in a few hops, and by a worker woken
+while full, when another peer had room at its last heartbeat, so a run
+does not wait for a poll while its two responders are busy. A word passed
+on says how many times it was, and the payload it began as
+(``after:PASSES:PAYLOAD``); it goes round the peers once at most.
 """
 
+import dataclasses
+import hashlib
 import heapq
 import logging
 import math
 import threading
 import time
-import zlib
 
 from django.db import connection, connections
 
@@ -51,10 +58,23 @@ logger = logging.getLogger(__name__)
 
 PING_INTERVAL = 5.0  # seconds between reads of the peers, which prove the connection alive
 RESPONDERS = 2  # workers of a group that answer one notification
-PASSED_ON = "after:"  # a notification's payload that a peer passed on: after:PASSES:NAME
+PASSED_ON = "after:"  # a notification's payload that a peer passed on: after:PASSES:PAYLOAD
 HEARD_BY_ALL = math.inf  # the passes of a notification every peer answers: none to pass on
 MAX_DUE_TIMES = 10_000  # notified due times a worker keeps; past that it polls for them
 MAX_DUE_AHEAD = 86_400.0  # seconds; a run due later than this is found by a poll
+
+
+@dataclasses.dataclass(frozen=True)
+class Word:
+    """A notification for this worker: the payload it began as (`key`), and
+    how many times peers passed it on (`HEARD_BY_ALL`: every peer heard it)."""
+
+    passes: float
+    key: str = ""
+
+    def fewer(self, other):
+        """Of this word and `other` (or None), the one passed on less."""
+        return self if other is None or self.passes <= other.passes else other
 
 
 class Wakeup:
@@ -64,13 +84,11 @@ class Wakeup:
     def __init__(self, options):
         self._options = options
         self._event = threading.Event()
-        self._due_times = []  # when notified runs fall due (monotonic; a heap)
+        self._due_times = []  # when notified runs fall due (monotonic), and their words: a heap
         self._due_lock = threading.Lock()  # guards the due times and `_notified`
         self._listener = None
         self._responders = Responders(options.name, options.poll)
-        # The fewest passes of the notifications for this worker since the
-        # last turn (None: none came).
-        self._passes = None
+        self._word = None  # the least passed on of the words since the last turn
 
     def set(self):
         """Wake the loop now."""
@@ -84,7 +102,7 @@ class Wakeup:
         self._pop_due()
         with self._due_lock:
             if self._due_times:
-                seconds = min(seconds, self._due_times[0] - time.monotonic())
+                seconds = min(seconds, self._due_times[0][0] - time.monotonic())
         self._event.wait(seconds)
 
     def _pop_due(self):
@@ -92,9 +110,9 @@ class Wakeup:
         loop's `take_notified` tells)."""
         now = time.monotonic()
         with self._due_lock:
-            while self._due_times and self._due_times[0] <= now:
-                heapq.heappop(self._due_times)
-                self._passes = _fewer(self._passes, 0)
+            while self._due_times and self._due_times[0][0] <= now:
+                _, word = heapq.heappop(self._due_times)
+                self._word = word.fewer(self._word)
 
     def notified(self, due=None):
         """A run was scheduled, due at `due` (Unix seconds, as text) if
@@ -103,35 +121,34 @@ class Wakeup:
         Without `due` (the listener just connected), always wake."""
         if due is not None and not self._responders.chosen(due):
             return
-        passes = HEARD_BY_ALL if due is None else self._responders.passes(due)
+        word = Word(HEARD_BY_ALL) if due is None else self._responders.word(due)
         try:
             delay = float(due) - time.time() if due else 0.0
         except ValueError:
-            delay = 0.0
+            delay = 0.0  # a word passed on, or a freed slot: now
         with self._due_lock:
             if delay <= 0:
-                self._passes = _fewer(self._passes, passes)  # due now: a claim may find it
+                self._word = word.fewer(self._word)  # due now: a claim may find it
             # A run parked in a wait without a deadline is "due" in the year
             # 9999: only what comes due soon is worth a place in the heap.
             elif delay <= MAX_DUE_AHEAD and len(self._due_times) < MAX_DUE_TIMES:
-                heapq.heappush(self._due_times, time.monotonic() + delay)
+                heapq.heappush(self._due_times, (time.monotonic() + delay, word))
         self._event.set()
 
     def take_notified(self):
-        """None, or the passes of the notification for this worker that came
-        since the last call (0: from the database itself, or a run it was
-        notified of that fell due; `HEARD_BY_ALL`: every peer heard it), the
-        fewest if more than one came."""
+        """The `Word` for this worker that came since the last call (or a run
+        it was notified of that fell due), the least passed on if more than
+        one came; None if none did."""
         self._pop_due()
         with self._due_lock:  # the listener's thread sets it
-            passes, self._passes = self._passes, None
-        return passes
+            word, self._word = self._word, None
+        return word
 
-    def may_pass_on(self, passes, *, full):
-        """Whether to pass on a notification that came after `passes` passes:
-        it has not gone round the peers yet, and this worker is not `full`
-        or another peer had room at its last heartbeat."""
-        return self._responders.may_pass_on(passes) and (
+    def may_pass_on(self, word, *, full):
+        """Whether to pass `word` on: it has not gone round the peers yet,
+        and this worker is not `full` or another peer had room at its last
+        heartbeat."""
+        return self._responders.may_pass_on(word.passes) and (
             not full or self._responders.others_have_room()
         )
 
@@ -166,10 +183,10 @@ class Wakeup:
 class Responders:
     """Which notifications this worker answers: of its peers (the ready
     workers serving the same workflows and queues, `read` by the listener),
-    the `RESPONDERS` that the notification's payload hashes to, next to
-    each other in the peers' sorted names — so when one has died, or is
-    busy, the other still claims. While the peers are unknown, or two or
-    fewer, every notification is this worker's."""
+    the `RESPONDERS` that rank first for the notification's payload — two,
+    so that when one has died, or is busy, the other still claims. While
+    the peers are unknown, or two or fewer, every notification is this
+    worker's."""
 
     def __init__(self, name, poll):
         self.name = name
@@ -194,28 +211,22 @@ class Responders:
             )
 
     def chosen(self, payload):
-        """Whether this worker answers a notification with `payload`: a
-        run's due time, or ``after:NAME`` — passed on by the peer NAME, for
-        the peers that follow it. An empty payload (a slot of a limited
-        queue freed: whichever peer has room may take the run waiting for
-        it) is everyone's."""
-        peers = self._peers
+        """Whether this worker answers a notification with `payload`: a run's
+        due time, answered by the first `RESPONDERS` peers of its ranking,
+        or ``after:PASSES:PAYLOAD``, passed on, by the next ones. An empty
+        payload (a slot of a limited queue freed: whichever peer has room may
+        take the run waiting for it) is everyone's."""
         if self._heard_by_all(payload):
             return True
-        origin = _passed_on(payload)[1]
-        if origin is not None and origin in peers:
-            first = peers.index(origin) + 1
-        else:
-            first = zlib.crc32(payload.encode()) % len(peers)
-        return self.name in {peers[(first + k) % len(peers)] for k in range(RESPONDERS)}
+        word = _word(payload)
+        first = RESPONDERS * int(word.passes)
+        return first <= self._rank(word.key) < first + RESPONDERS
 
-    def passes(self, payload):
-        """How many times the notification with `payload` was passed on, or
-        `HEARD_BY_ALL` when every peer answers it."""
+    def word(self, payload):
+        """The `Word` of the notification with `payload`."""
         if self._heard_by_all(payload):
-            return HEARD_BY_ALL
-        passes = _passed_on(payload)[0]
-        return 0 if passes is None else passes
+            return Word(HEARD_BY_ALL)
+        return _word(payload)
 
     def may_pass_on(self, passes):
         """Whether a notification passed on `passes` times may be passed
@@ -233,27 +244,32 @@ class Responders:
         peers = self._peers
         return not payload or len(peers) <= RESPONDERS or self.name not in peers
 
+    def _rank(self, key):
+        """This worker's place (0: first) among its peers for `key`, ranked
+        by rendezvous hashing: highest score first, ties by name."""
+        mine = (_score(self.name, key), self.name)
+        return sum(1 for peer in self._peers if (_score(peer, key), peer) > mine)
+
     def spread(self):
         """How many times longer than the poll option each peer waits
         between polls, so that the group polls as two workers would."""
         return max(1.0, len(self._peers) / RESPONDERS)
 
 
-def _passed_on(payload):
-    """``(passes, origin)`` of a notification passed on (``after:PASSES:NAME``,
-    or ``after:NAME``, once), ``(None, None)`` of any other."""
-    if not payload.startswith(PASSED_ON):
-        return None, None
-    rest = payload.removeprefix(PASSED_ON)
-    passes, colon, origin = rest.partition(":")
-    if colon and passes.isdigit():
-        return int(passes), origin
-    return 1, rest
+def _word(payload):
+    """The `Word` of a notification's payload: passed on
+    (``after:PASSES:PAYLOAD``), or as the database sent it."""
+    if payload.startswith(PASSED_ON):
+        passes, _, key = payload.removeprefix(PASSED_ON).partition(":")
+        if passes.isdigit():
+            return Word(int(passes), key)
+    return Word(0, payload)
 
 
-def _fewer(passes, more):
-    """The fewer passes of two, either one None (no notification)."""
-    return more if passes is None else min(passes, more)
+def _score(peer, key):
+    """A peer's rendezvous score for `key`: the same in every process."""
+    digest = hashlib.blake2b(f"{key}\0{peer}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
 
 
 class Listener:
