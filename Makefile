@@ -50,7 +50,7 @@ test: venv $(PYZ)
 	scripts/install-test-deps
 	scripts/test-backends $(VENV)/bin/pytest $(BACKENDS) -- $(PYTEST_ARGS)
 
-# A throwaway PostgreSQL and MariaDB, default durability; about 15 minutes.
+# A throwaway PostgreSQL, MariaDB and PgBouncer, default durability; about 50 minutes.
 # `make bench BENCH_ARGS=--quick` for a smoke run.
 BENCH_ARGS ?=
 bench: venv $(PYZ) .venv-bench-peers/.installed

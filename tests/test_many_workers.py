@@ -154,11 +154,23 @@ def test_two_peers_answer_each_notification_and_the_word_goes_round_once():
     for payload in payloads:
         if "many-00" not in chosen[payload]:
             assert answering(fewer, payload) == chosen[payload]
-    # A full worker passes the word on only if another peer had room.
-    responders["many-00"]._with_room = frozenset({"many-00"})
-    assert not responders["many-00"].others_have_room()
-    responders["many-00"]._with_room = frozenset({"many-00", "many-09"})
-    assert responders["many-00"].others_have_room()
+    # A full worker passes the word on only if a peer it has yet to reach
+    # had room: not one it reached already.
+    word = wakeup.Word(0, payload)
+    first, second = sorted(chosen[payload])
+    later = sorted(set(names) - chosen[payload])
+    full = responders[first]
+    full._with_room = frozenset({second})
+    assert not full.room_ahead(word)
+    full._with_room = frozenset({second, later[0]})
+    assert full.room_ahead(word)
+    # And passes a word on once: the two that answered a pass both pass it.
+    options = type("Options", (), {"name": first, "poll": 0.2})()
+    waking = wakeup.Wakeup(options)
+    waking._responders = full
+    assert waking.should_pass_on(word, full=True)
+    assert not waking.should_pass_on(wakeup.Word(0, payload), full=True)
+    assert waking.should_pass_on(wakeup.Word(0, payloads[1]), full=False)
     # The polling is shared: sixteen peers poll as two would.
     assert responders["many-00"].spread() == WORKERS / wakeup.RESPONDERS
     # Peers not yet known (or two or fewer): every notification is its own.
@@ -221,6 +233,7 @@ def test_a_run_whose_two_responders_are_full_goes_to_a_peer_with_room(spawn_work
         for moment in (now - datetime.timedelta(milliseconds=k) for k in range(1, 1000))
         if idle not in responders_of(payload_of(moment), sorted(names))
     )
+    notified_before = calls("SELECT pg_notify%")
     run = Workflow.objects.create(name="tests.workflows.quick", args=[7], run_at=run_at)
     wait_until(
         lambda: Workflow.objects.get(id=run.id).status == "completed",
@@ -228,6 +241,8 @@ def test_a_run_whose_two_responders_are_full_goes_to_a_peer_with_room(spawn_work
         message="the run completed by the worker with room",
     )
     assert Workflow.objects.get(id=run.id).claimed_by == idle
+    # Passed on by the two full responders, each once, and by no one else.
+    assert calls("SELECT pg_notify%") - notified_before <= 2
     for gate in gates:
         (gate / "first.go").write_text("")
         (gate / "second.go").write_text("")

@@ -103,7 +103,7 @@ def test_statements_wait_unprepared_until_the_server_is_found_direct():
         )
         sessions.note_server(connection)
     finally:
-        sessions._release_prepared(connection)  # whatever happened above
+        sessions.release_prepared(connection)  # whatever happened above
     assert connection.settings_dict["OPTIONS"].get("prepare_threshold") == own
     assert connection.connection.prepare_threshold == (
         own if "prepare_threshold" in connection.settings_dict["OPTIONS"] else 5

@@ -36,6 +36,7 @@ def fill_history(statistics):
                 name=f"app.flows.flow_{i % 20}",
                 status=statuses[i % 100],
                 claimed_by=f"worker-{i % 10}",
+                queue="emails" if i % 3 == 0 else "default",
                 idempotency_key=f"key-{i}" if i % 100 == 0 else None,
             )
             for i in range(RUNS)
@@ -102,6 +103,7 @@ FILTERS = {
     "failed": (reads.RunFilter(status="failed"), False),
     "one workflow": (reads.RunFilter(workflow="app.flows.flow_3"), False),
     "one worker": (reads.RunFilter(worker="worker-7"), False),
+    "one queue": (reads.RunFilter(queue="emails"), False),
     "a time window": (
         reads.RunFilter(created_after=NOW - datetime.timedelta(days=1), created_before=NOW),
         False,

@@ -65,21 +65,21 @@ class RunFilter:
             if bound is not None and bound.tzinfo is None:
                 raise EverystepError("a time bound needs a time zone")
 
-    def queryset(self, *, with_status=True, unindexed=False):
+    def queryset(self, *, with_status=True, unindexed=()):
         """The matching runs, unordered; without the status filter when
-        `with_status` is false (the counts per status). With `unindexed`,
-        the workflow, worker and queue are compared in a way no index
-        serves, so that a planner reads the runs through the status."""
+        `with_status` is false (the counts per status). The filters on the
+        `unindexed` columns (SQLite only) are compared in a way no index
+        serves, so that the planner reads the runs through another."""
         runs = Workflow.objects.all()
         if with_status and self.status:
             runs = runs.filter(status=self.status)
-        equal = _unindexed_equal if unindexed else _equal
         for column, value in (
             ("name", self.workflow),
             ("claimed_by", self.worker),
             ("queue", self.queue),
         ):
             if value:
+                equal = _unindexed_equal if column in unindexed else _equal
                 runs = equal(runs, column, value)
         if self.created_after:
             runs = runs.filter(id__gte=_first_id_at(self.created_after))
@@ -148,24 +148,32 @@ def status_counts(run_filter=RunFilter(), cap=COUNT_CAP):
     """``{status: count}`` of the runs matching `run_filter` (its own status
     filter aside), each count stopping at `cap` + 1: a count above `cap`
     means "more than `cap`"."""
-    runs = run_filter.queryset(with_status=False)
-    # The runs in the queue (scheduled, running, blocked) are few, and each
-    # status has an index of its own; SQLite's planner, which knows the
-    # average status only, would rather read every run of the workflow or
-    # worker. Its filters are hidden from it for those counts.
-    queued = runs
-    if connection.vendor == "sqlite":
-        queued = run_filter.queryset(with_status=False, unindexed=True)
-    if run_filter.created_after or run_filter.created_before:
-        # Counted in id order, which leads the planners to an index whose
-        # id range the time bounds cut short, rather than all of a status's
-        # runs. Without time bounds the order would only lead SQLite astray,
-        # to the primary key, from the indexes led by the status.
-        runs, queued = runs.order_by("id"), queued.order_by("id")
-    return {
-        status: (queued if status in QUEUED else runs).filter(status=status)[: cap + 1].count()
-        for status in STATUSES
-    }
+    by_time = run_filter.created_after or run_filter.created_before
+
+    def count(status):
+        runs = run_filter.queryset(with_status=False, unindexed=_hidden_when_counting(status))
+        if by_time:
+            # Counted in id order, which leads the planners to an index whose
+            # id range the time bounds cut short, rather than all of a
+            # status's runs. Without time bounds the order would only lead
+            # SQLite astray, to the primary key, from the indexes led by the
+            # status.
+            runs = runs.order_by("id")
+        return runs.filter(status=status)[: cap + 1].count()
+
+    return {status: count(status) for status in STATUSES}
+
+
+def _hidden_when_counting(status):
+    """The filters' columns hidden from SQLite's planner when it counts the
+    runs of `status`. The runs in the queue (scheduled, running, blocked)
+    are few, and each status has an index of its own; the planner, which
+    knows the average status only, would rather read every run of the
+    workflow or the worker. A queue filter is left to the queue's indexes,
+    and a worker filter of the running runs to their index by worker."""
+    if connection.vendor != "sqlite" or status not in QUEUED:
+        return ()
+    return ("name",) if status == Workflow.Status.RUNNING else ("name", "claimed_by")
 
 
 def listed(runs):

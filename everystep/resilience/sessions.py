@@ -181,12 +181,11 @@ def note_server(wrapper):
         _prepare_nothing(wrapper)
         events.announce("behind_pooler")
     _pooled = pooled_now
-    if _pooled:
-        _held = None  # held for good
-    else:
-        _release_prepared(wrapper)
+    if not _pooled:
+        release_prepared(wrapper)
     with _lock:
         if _pooled:
+            _held = None  # held for good
             _abandoned.clear()
         if _server is None:
             _server = (identity, 0.0)  # the first one seen: every session so far is there
@@ -203,25 +202,31 @@ def hold_prepared(wrapper):
     `note_server` has looked for a pooler: a worker's first statements (the
     migrations it waits for, its registration) may already go through one."""
     global _held
-    if wrapper.vendor != "postgresql" or _held is not None:
+    if wrapper.vendor != "postgresql":
         return
-    options = wrapper.settings_dict.setdefault("OPTIONS", {})
-    _held = ("prepare_threshold" in options, options.get("prepare_threshold"))
-    _prepare_nothing(wrapper)
+    with _lock:
+        if _held is not None:
+            return
+        options = wrapper.settings_dict.setdefault("OPTIONS", {})
+        _held = ("prepare_threshold" in options, options.get("prepare_threshold"))
+        _prepare_nothing(wrapper)
 
 
-def _release_prepared(wrapper):
-    """No pooler: give `wrapper`'s alias its own prepare_threshold back."""
+def release_prepared(wrapper):
+    """Give `wrapper`'s alias its own prepare_threshold back, if
+    `hold_prepared` holds it: no pooler was found, or the worker stops
+    before it looked."""
     global _held
-    if _held is None:
-        return
-    (own, threshold), _held = _held, None
-    options = wrapper.settings_dict["OPTIONS"]
-    if own:
-        options["prepare_threshold"] = threshold
-    else:
-        options.pop("prepare_threshold", None)
-        threshold = PSYCOPG_PREPARE_THRESHOLD
+    with _lock:
+        if _held is None:
+            return
+        (own, threshold), _held = _held, None
+        options = wrapper.settings_dict["OPTIONS"]
+        if own:
+            options["prepare_threshold"] = threshold
+        else:
+            options.pop("prepare_threshold", None)
+            threshold = PSYCOPG_PREPARE_THRESHOLD
     if wrapper.connection is not None:
         wrapper.connection.prepare_threshold = threshold
 

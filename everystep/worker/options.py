@@ -227,7 +227,7 @@ OPTIONS = (
         "--notify",
         "EVERYSTEP_NOTIFY",
         _boolean,
-        "on PostgreSQL, wake with LISTEN/NOTIFY (off behind PgBouncer's transaction pooling)",
+        "on PostgreSQL, wake with LISTEN/NOTIFY (behind a pooler, on EVERYSTEP_SESSION_URL)",
         negation="--no-notify",
     ),
     Option(

@@ -118,6 +118,7 @@ class Worker:
             restore_signals()
             if endpoint is not None:
                 endpoint.stop()
+            sessions.release_prepared(connection)  # if it stopped before looking for a pooler
             connection.close()
             if self._shutdown.drained:
                 self._shutdown.announce_stopped()
@@ -194,8 +195,8 @@ class Worker:
         room may."""
         if idle:
             taken_all = self._pool.in_flight and self._claimer.may_find_more
-            return bool(taken_all) and self._wakeup.may_pass_on(word, full=False)
-        return full and self._wakeup.may_pass_on(word, full=True)
+            return bool(taken_all) and self._wakeup.should_pass_on(word, full=False)
+        return full and self._wakeup.should_pass_on(word, full=True)
 
     def _pass_on(self, word):
         """Pass `word` on to the next two peers of its ranking (best effort:

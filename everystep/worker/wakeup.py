@@ -62,9 +62,11 @@ PASSED_ON = "after:"  # a notification's payload that a peer passed on: after:PA
 HEARD_BY_ALL = math.inf  # the passes of a notification every peer answers: none to pass on
 MAX_DUE_TIMES = 10_000  # notified due times a worker keeps; past that it polls for them
 MAX_DUE_AHEAD = 86_400.0  # seconds; a run due later than this is found by a poll
+PASSED_MEMORY = 2.0  # seconds a worker remembers the words it passed on, so as not to again
+MAX_PASSED = 1_000  # words remembered at most
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, order=True)  # ordered: heap entries tie on time
 class Word:
     """A notification for this worker: the payload it began as (`key`), and
     how many times peers passed it on (`HEARD_BY_ALL`: every peer heard it)."""
@@ -89,6 +91,7 @@ class Wakeup:
         self._listener = None
         self._responders = Responders(options.name, options.poll)
         self._word = None  # the least passed on of the words since the last turn
+        self._passed = {}  # the keys of the words this worker passed on → when (monotonic)
 
     def set(self):
         """Wake the loop now."""
@@ -144,13 +147,25 @@ class Wakeup:
             word, self._word = self._word, None
         return word
 
-    def may_pass_on(self, word, *, full):
-        """Whether to pass `word` on: it has not gone round the peers yet,
-        and this worker is not `full` or another peer had room at its last
-        heartbeat."""
-        return self._responders.may_pass_on(word.passes) and (
-            not full or self._responders.others_have_room()
-        )
+    def should_pass_on(self, word, *, full):
+        """Whether to pass `word` on — and if so, remember it is passed: it
+        has not gone round the peers yet, this worker has not passed its key
+        on in the last `PASSED_MEMORY` seconds (the responders of one pass
+        both pass it on: each of the next hears it twice), and this worker
+        is not `full`, or a peer that the word has yet to reach had room at
+        its last heartbeat. Called from the loop's thread only."""
+        if not self._responders.may_pass_on(word.passes):
+            return False
+        if full and not self._responders.room_ahead(word):
+            return False
+        now = time.monotonic()
+        if now - self._passed.get(word.key, -math.inf) < PASSED_MEMORY:
+            return False
+        if len(self._passed) >= MAX_PASSED:
+            self._passed = {k: t for k, t in self._passed.items() if now - t < PASSED_MEMORY}
+        if len(self._passed) < MAX_PASSED:
+            self._passed[word.key] = now
+        return True
 
     @property
     def listening(self):
@@ -235,10 +250,15 @@ class Responders:
         rounds = math.ceil((len(self._peers) - RESPONDERS) / RESPONDERS)
         return passes < rounds
 
-    def others_have_room(self):
-        """Whether a peer other than this worker had room for more runs at
-        its last heartbeat."""
-        return bool(self._with_room - {self.name})
+    def room_ahead(self, word):
+        """Whether a peer that `word` has yet to reach (ranked at `RESPONDERS`
+        × (passes + 1) or after, for its key) had room for more runs at its
+        last heartbeat."""
+        if not self._with_room - {self.name}:
+            return False
+        ranking = sorted(self._peers, key=lambda peer: (_score(peer, word.key), peer), reverse=True)
+        ahead = ranking[RESPONDERS * (int(word.passes) + 1) :]
+        return any(peer in self._with_room for peer in ahead if peer != self.name)
 
     def _heard_by_all(self, payload):
         peers = self._peers
@@ -261,7 +281,7 @@ def _word(payload):
     (``after:PASSES:PAYLOAD``), or as the database sent it."""
     if payload.startswith(PASSED_ON):
         passes, _, key = payload.removeprefix(PASSED_ON).partition(":")
-        if passes.isdigit():
+        if passes.isascii() and passes.isdigit():
             return Word(int(passes), key)
     return Word(0, payload)
 
