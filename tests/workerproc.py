@@ -23,6 +23,8 @@ class WorkerProcess:
     def __init__(self, name, command, log_path, env, cwd=REPO, **popen):
         self.name = name
         self.log_path = log_path
+        # A hang's stacks: see `dump_stacks`.
+        env = {**env, "PYTHONFAULTHANDLER": "1"}
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
                 command,
@@ -70,7 +72,8 @@ class WorkerProcess:
 
     def dump_stacks(self):
         """End a process that hangs with SIGABRT, so that its log shows where
-        each of its threads was (its environment sets PYTHONFAULTHANDLER)."""
+        each of its threads was (every process here runs with
+        PYTHONFAULTHANDLER set; a shell that execs the worker passes it on)."""
         if self.alive():
             self.process.send_signal(signal.SIGABRT)
             try:
@@ -98,7 +101,6 @@ def manage_py_environment(extra=None):
         EVERYSTEP_DATABASE_URL=database_url(),
         PYTHONPATH=str(REPO),
         PYTHONUNBUFFERED="1",
-        PYTHONFAULTHANDLER="1",  # a hang's stacks: see `WorkerProcess.dump_stacks`
     )
     if session_url():
         env["EVERYSTEP_SESSION_URL"] = session_url()
