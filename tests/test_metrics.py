@@ -128,15 +128,20 @@ def test_cancelled_runs_retried_calls_and_runs_not_yet_due_in_the_metrics(spawn_
     later = schedule(workflows.quick, 1, delay=3600).id
     wait_until(lambda: statuses([cancelled, retried]) == {"cancelled": 1, "completed": 1})
 
-    def scraped_after_the_queue_read():
-        scraped = samples(get(worker.metrics_port, "/metrics")[1])
-        return (
-            scraped if value(scraped, "everystep_workflows_pending", queue="default") == 0 else None
-        )
-
-    scraped = wait_until(scraped_after_the_queue_read, timeout=30, message="the queue gauges")
     runs_total = "everystep_workflow_runs_total"
     workflow = "tests.workflows.cancels_itself"
+
+    def scraped_after_the_queue_read_and_the_end():
+        # The run's end is counted once its last write has committed, which
+        # the test may see first: wait for the count as for the gauge.
+        scraped = samples(get(worker.metrics_port, "/metrics")[1])
+        read = value(scraped, "everystep_workflows_pending", queue="default") == 0
+        ended = value(scraped, runs_total, workflow=workflow, status="cancelled") is not None
+        return scraped if read and ended else None
+
+    scraped = wait_until(
+        scraped_after_the_queue_read_and_the_end, timeout=30, message="the queue gauges"
+    )
     assert value(scraped, runs_total, workflow=workflow, status="cancelled") == 1
     flaky = {"workflow": "tests.workflows.retried", "step": "tests.workflows.flaky"}
     assert value(scraped, "everystep_step_runs_total", **flaky, status="retrying") == 2
