@@ -3,6 +3,7 @@ what is left; nothing claimed is lost."""
 
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -107,3 +108,58 @@ def test_a_stopped_idle_worker_exits_at_once_and_leaves_nothing_claimed(spawn_wo
     code, seconds = timed_wait(worker, 30)
     assert code == 0 and seconds < 5
     assert not Workflow.objects.filter(claimed_by="idle", status="running").exists()
+
+
+# A process whose main thread waits as the worker loop does — in and out of
+# an Event's lock, every few microseconds — while another thread sends it
+# stop signals, SIGINT and SIGTERM in turn. The handler must never wait for a
+# lock the interrupted main thread holds: it would wait forever.
+SIGNALLED_WHILE_WAITING = """
+import os, signal, sys, threading, time, types
+import django
+django.setup()
+from everystep.worker.shutdown import Shutdown
+
+woken = threading.Event()
+shutdown = Shutdown(types.SimpleNamespace(name="hammered", drain=0), woken.set)
+undo = shutdown.install_signal_handlers(pool=None)
+sent = threading.Event()
+
+def send():
+    for n in range(int(sys.argv[1])):
+        os.kill(os.getpid(), (signal.SIGINT, signal.SIGTERM)[n % 2])
+        time.sleep(0.0005)
+    sent.set()
+
+threading.Thread(target=send).start()
+while not sent.is_set():
+    woken.wait(0)
+    woken.clear()
+undo()
+print(*(name for name in ("requested", "hurried") if getattr(shutdown, name).is_set()))
+"""
+
+
+@pytest.mark.django_db(transaction=False)
+def test_stop_signals_that_land_while_the_loop_holds_its_wait_lock_never_hang_it(tmp_path):
+    from tests.workerproc import REPO, manage_py_environment
+
+    env = {**manage_py_environment(), "PYTHONFAULTHANDLER": "1"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", SIGNALLED_WHILE_WAITING, "1000"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the process hung:\n{exc.stderr}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["requested", "hurried"]
+    # Answered on the signals' own thread, each logged (the same signal sent
+    # again before the first was delivered is delivered once: POSIX).
+    answered = done.stderr.splitlines()
+    assert len(answered) > 300
+    assert all(" received SIG" in line for line in answered), done.stderr[-3000:]

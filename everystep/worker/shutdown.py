@@ -32,6 +32,11 @@ logger = logging.getLogger(__name__)
 
 EXIT_GRACE = 8.0  # seconds past the drain time before a standalone worker exits regardless
 REQUEUE_GRACE = 5.0  # seconds to keep trying to requeue at exit when the database is down
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _leave_to_the_thread(signum, frame):
+    """The Python handler of a stop signal: none (see `install_signal_handlers`)."""
 
 
 class Shutdown:
@@ -67,33 +72,53 @@ class Shutdown:
         """On the main thread only, make SIGTERM and SIGINT call `request`
         and arm the exit deadline (none when the drain time is 0: wait
         forever), at which the runs of `pool` still in flight are named.
-        Returns the undo, which also disarms the deadline."""
+        Returns the undo, which also disarms the deadline.
+
+        A Python signal handler runs on the main thread between two of its
+        bytecodes, perhaps while that thread holds a lock — an Event's, as
+        it waits for the next turn — which the handler would then wait for
+        forever. So the handler does nothing: the signal's number reaches a
+        thread of its own through `signal.set_wakeup_fd`, and it answers."""
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
         self._pool = pool
         if self._drain_seconds:
             self._deadline = (self._drain_seconds + EXIT_GRACE, self._exit_now)
-
-        def on_signal(signum, frame):
-            logger.info(
-                "worker %s received %s: %s",
-                self.worker_name,
-                signal.Signals(signum).name,
-                "requeuing now" if self.requested.is_set() else "draining",
-                extra={"action": "signal", "worker": self.worker_name},
-            )
-            self.request()
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)  # as set_wakeup_fd requires
+        previous = {sig: signal.signal(sig, _leave_to_the_thread) for sig in STOP_SIGNALS}
+        previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        answering = threading.Thread(
+            target=self._answer_signals, args=(read_end,), name="everystep-signals", daemon=True
+        )
+        answering.start()
 
         def undo():
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            signal.set_wakeup_fd(previous_fd)
+            os.close(write_end)  # the answering thread reads the end of the pipe and returns
+            answering.join()
+            os.close(read_end)
             if self._timer is not None:
                 self._timer.cancel()
             self._deadline = None
 
         return undo
+
+    def _answer_signals(self, read_end):
+        """Answer each stop signal written to `read_end`, until it is closed."""
+        while received := os.read(read_end, 64):
+            for signum in received:
+                if signum in STOP_SIGNALS:
+                    logger.info(
+                        "worker %s received %s: %s",
+                        self.worker_name,
+                        signal.Signals(signum).name,
+                        "requeuing now" if self.requested.is_set() else "draining",
+                        extra={"action": "signal", "worker": self.worker_name},
+                    )
+                    self.request()
 
     def drain(self, pool, presence, wakeup):
         """Stop new steps, wait for the runs of `pool` to end at their next
