@@ -6,12 +6,22 @@ import datetime
 
 import pytest
 
-from tests import workflows
+from tests import postmortem, workflows
 from tests.faultproxy import fault_proxy  # noqa: F401
 from tests.freshproject import fresh_project  # noqa: F401
 from tests.uiprocess import start_ui  # noqa: F401
 from tests.workerproc import embedded_worker, spawn_process, spawn_worker  # noqa: F401
 from tests.zipapp import pyz  # noqa: F401
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report also shows the database's sessions and the
+    processes it started, stacks included for those still running."""
+    report = yield
+    if report.when == "call" and report.failed:
+        report.sections.extend(postmortem.failure_sections(item))
+    return report
 
 
 @pytest.fixture(autouse=True)

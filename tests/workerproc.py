@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests import servers
+from tests import postmortem, servers
 from tests.helpers import database_url, session_url, wait_until
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -109,11 +109,12 @@ def manage_py_environment(extra=None):
 
 
 @pytest.fixture
-def spawn_process(tmp_path):
+def spawn_process(tmp_path, request):
     """Start long-running processes (workers) with their output logged:
     ``spawn_process(name, command, env=..., cwd=...)``. Every one still
-    alive at the end of the test is killed by its PID."""
-    started = []
+    alive at the end of the test is killed by its PID; a failed test's
+    report shows their logs (`tests.postmortem`)."""
+    started = request.node.stash[postmortem.STARTED] = []
 
     def spawn(name, command, *, env, cwd=REPO, **popen):
         log = tmp_path / f"process-{name}-{len(started)}.log"
