@@ -144,9 +144,10 @@ def test_two_peers_answer_each_notification_and_the_word_goes_round_once():
     reached = [answering(responders, f"{wakeup.PASSED_ON}{n}:{payload}") for n in range(8)]
     assert reached[0] == chosen[payload]
     assert set().union(*reached) == set(names) and sum(map(len, reached)) == WORKERS
-    word = responders["many-00"].word(f"{wakeup.PASSED_ON}3:{payload}")
-    assert (word.passes, word.key) == (3, payload)
-    assert responders["many-00"].word("").passes == wakeup.HEARD_BY_ALL
+    words = {name: r.chosen(f"{wakeup.PASSED_ON}3:{payload}") for name, r in responders.items()}
+    assert {name for name, word in words.items() if word is not None} == reached[3]
+    assert {words[name] for name in reached[3]} == {wakeup.Word(3, payload)}
+    assert responders["many-00"].chosen("").passes == wakeup.HEARD_BY_ALL
     assert responders["many-00"].may_pass_on(6) and not responders["many-00"].may_pass_on(7)
     assert not responders["many-00"].may_pass_on(wakeup.HEARD_BY_ALL)
     # A peer leaving changes the responders of the payloads it answered, only.

@@ -39,6 +39,7 @@ on says how many times it was, and the payload it began as
 (``after:PASSES:PAYLOAD``); it goes round the peers once at most.
 """
 
+import collections
 import dataclasses
 import hashlib
 import heapq
@@ -91,7 +92,8 @@ class Wakeup:
         self._listener = None
         self._responders = Responders(options.name, options.poll)
         self._word = None  # the least passed on of the words since the last turn
-        self._passed = {}  # the keys of the words this worker passed on → when (monotonic)
+        # The keys of the words this worker passed on lately → when (monotonic).
+        self._passed = collections.OrderedDict()
 
     def set(self):
         """Wake the loop now."""
@@ -122,9 +124,9 @@ class Wakeup:
         given: wake now, and again when it falls due, rather than up to a
         poll later — unless the notification is for other peers to answer.
         Without `due` (the listener just connected), always wake."""
-        if due is not None and not self._responders.chosen(due):
+        word = Word(HEARD_BY_ALL) if due is None else self._responders.chosen(due)
+        if word is None:
             return
-        word = Word(HEARD_BY_ALL) if due is None else self._responders.word(due)
         try:
             delay = float(due) - time.time() if due else 0.0
         except ValueError:
@@ -161,10 +163,10 @@ class Wakeup:
         now = time.monotonic()
         if now - self._passed.get(word.key, -math.inf) < PASSED_MEMORY:
             return False
-        if len(self._passed) >= MAX_PASSED:
-            self._passed = {k: t for k, t in self._passed.items() if now - t < PASSED_MEMORY}
-        if len(self._passed) < MAX_PASSED:
-            self._passed[word.key] = now
+        self._passed[word.key] = now
+        self._passed.move_to_end(word.key)  # the oldest first
+        if len(self._passed) > MAX_PASSED:
+            self._passed.popitem(last=False)
         return True
 
     @property
@@ -226,22 +228,18 @@ class Responders:
             )
 
     def chosen(self, payload):
-        """Whether this worker answers a notification with `payload`: a run's
-        due time, answered by the first `RESPONDERS` peers of its ranking,
-        or ``after:PASSES:PAYLOAD``, passed on, by the next ones. An empty
-        payload (a slot of a limited queue freed: whichever peer has room may
-        take the run waiting for it) is everyone's."""
-        if self._heard_by_all(payload):
-            return True
+        """The `Word` of a notification with `payload` if this worker answers
+        it, else None: a run's due time, answered by the first `RESPONDERS`
+        peers of its ranking, or ``after:PASSES:PAYLOAD``, passed on, by the
+        next ones. An empty payload (a slot of a limited queue freed:
+        whichever peer has room may take the run waiting for it) is
+        everyone's, as is every payload while the peers are few or unknown."""
+        peers = self._peers
+        if not payload or len(peers) <= RESPONDERS or self.name not in peers:
+            return Word(HEARD_BY_ALL)
         word = _word(payload)
         first = RESPONDERS * int(word.passes)
-        return first <= self._rank(word.key) < first + RESPONDERS
-
-    def word(self, payload):
-        """The `Word` of the notification with `payload`."""
-        if self._heard_by_all(payload):
-            return Word(HEARD_BY_ALL)
-        return _word(payload)
+        return word if first <= self._rank(word.key) < first + RESPONDERS else None
 
     def may_pass_on(self, passes):
         """Whether a notification passed on `passes` times may be passed
@@ -256,19 +254,17 @@ class Responders:
         last heartbeat."""
         if not self._with_room - {self.name}:
             return False
-        ranking = sorted(self._peers, key=lambda peer: (_score(peer, word.key), peer), reverse=True)
-        ahead = ranking[RESPONDERS * (int(word.passes) + 1) :]
+        ahead = self._ranking(word.key)[RESPONDERS * (int(word.passes) + 1) :]
         return any(peer in self._with_room for peer in ahead if peer != self.name)
 
-    def _heard_by_all(self, payload):
-        peers = self._peers
-        return not payload or len(peers) <= RESPONDERS or self.name not in peers
-
     def _rank(self, key):
-        """This worker's place (0: first) among its peers for `key`, ranked
-        by rendezvous hashing: highest score first, ties by name."""
-        mine = (_score(self.name, key), self.name)
-        return sum(1 for peer in self._peers if (_score(peer, key), peer) > mine)
+        """This worker's place (0: first) among its peers for `key`."""
+        return self._ranking(key).index(self.name)
+
+    def _ranking(self, key):
+        """The peers in their order for `key`, by rendezvous hashing: highest
+        score first, ties by name."""
+        return sorted(self._peers, key=lambda peer: (_score(peer, key), peer), reverse=True)
 
     def spread(self):
         """How many times longer than the poll option each peer waits
