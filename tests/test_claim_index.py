@@ -43,6 +43,7 @@ def claim_plan():
         "aged": timezone.now() - datetime.timedelta(minutes=5),
         "worker": "plan",
         "token": uuid.uuid4(),
+        "own_commit": True,
     }
     return plan(claims.CLAIM.format(limit=8), params)
 
@@ -106,6 +107,7 @@ CLAIM_TYPES = {
     "aged": "timestamptz",
     "worker": "text",
     "token": "uuid",
+    "own_commit": "boolean",
 }
 
 
@@ -149,6 +151,7 @@ def test_the_generic_claim_reads_no_run_of_other_queues_and_none_due_later(claim
         "aged": f"'{aged.isoformat()}'",
         "worker": "'t'",
         "token": f"'{uuid.uuid4()}'",
+        "own_commit": "true",
     }
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")

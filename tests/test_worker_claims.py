@@ -1,13 +1,16 @@
-"""Claims: concurrent workers take disjoint runs; connections stay bounded."""
+"""Claims: concurrent workers take disjoint runs; connections stay bounded;
+a claim's own commit waits for no disk."""
 
 import re
 import signal
 import uuid
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.utils import timezone
 
 from everystep import schedule
+from everystep.db import claims
 from everystep.models import Step, Workflow
 from tests import workflows
 from tests.helpers import wait_until
@@ -100,3 +103,35 @@ def test_server_connections_stay_bounded_after_hundreds_of_runs(spawn_worker):
     assert peak <= 3 + pool * 4, f"peak of {peak} connections"
     worker.send(signal.SIGTERM)
     assert worker.wait() == 0
+
+
+@pytest.mark.backends("postgres")
+def test_a_claim_commits_without_waiting_for_the_disk_but_leaves_a_callers_commit_alone():
+    """The claim's statement turns synchronous_commit off for its own
+    transaction only (a claim lost in a server crash is claimed again, and
+    the first durable write under it flushes it); inside a caller's
+    transaction it leaves the caller's commit durable."""
+    for n in range(3):
+        schedule(workflows.quick, n)
+    now = timezone.now()
+    params = {
+        "every": True,
+        "served": [],
+        "workflows": [workflows.quick.__everystep_workflow__],
+        "now": now,
+        "aged": now,
+        "worker": "t",
+        "token": uuid.uuid4(),
+    }
+    statement = claims.CLAIM_UNLIMITED.format(limit=1)
+    for own_commit, setting in ((True, "off"), (False, "on")):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(statement, {**params, "own_commit": own_commit})
+            assert len(cursor.fetchall()) == 1
+            cursor.execute("SHOW synchronous_commit")
+            assert cursor.fetchone() == (setting,)
+    with transaction.atomic(), connection.cursor() as cursor:
+        assert len(claims.claim("t", 1)) == 1  # in the caller's transaction
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone() == ("on",)
+    assert Workflow.objects.filter(status="running").count() == 3

@@ -566,12 +566,23 @@ WITH RECURSIVE pairs(queue, priority) AS (
 ),
 """
 # The runs the statement `chosen`, moved to running under the claim.
+#
+# When the claim's transaction is its own, its commit does not wait for the
+# WAL to reach the disk (`set_config`, local to the transaction): the wait
+# is most of a claim's time, and the claim needs no durability of its own.
+# A claim that a server crash loses leaves its runs scheduled, to be claimed
+# again, and its runner's first fenced write is refused; and every durable
+# write after it flushes the WAL up to itself, so a step recorded under the
+# claim makes the claim durable too. In a caller's transaction, the
+# caller's commit is left as it is.
 TAKE_CHOSEN = """
 UPDATE everystep_workflow
    SET status = 'running', claimed_by = %(worker)s, claim_token = %(token)s,
        claimed_at = %(now)s, started_at = COALESCE(started_at, %(now)s),
        wait_topic = NULL, wait_run = NULL
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+   AND CASE WHEN %(own_commit)s THEN set_config('synchronous_commit', 'off', true) = 'off'
+            ELSE true END
 RETURNING id, name, args, run_at, trace_context, cancel_requested_at IS NOT NULL,
           EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
 """
@@ -698,6 +709,7 @@ def _claim_in_one_round_trip(worker_name, limit, workflows, served, token, now, 
     else:
         statements = [(CLAIM_UNLIMITED.format(limit=int(limit)), params)]
     db = connection
+    params["own_commit"] = db.get_autocommit()
     if db.queries_logged or not db.get_autocommit():
         # Django's cursor: its query log sees the statements (DEBUG, tests),
         # and a caller's transaction holds them (a savepoint).
