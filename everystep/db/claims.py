@@ -125,12 +125,12 @@ _limited = {"names": None, "read_at": 0.0}
 _limited_lock = threading.Lock()
 
 
-def limited_queues():
-    """The names of the queues with a limit, as read at most `LIMITS_TTL`
+def limited_queues(max_age=LIMITS_TTL):
+    """The names of the queues with a limit, as read at most `max_age`
     seconds ago."""
     with _limited_lock:
         names, read_at = _limited["names"], _limited["read_at"]
-    if names is None or time.monotonic() - read_at > LIMITS_TTL:
+    if names is None or time.monotonic() - read_at > max_age:
         names = set(Queue.objects.filter(LIMITED).values_list("name", flat=True))
         with _limited_lock:
             _limited.update(names=names, read_at=time.monotonic())

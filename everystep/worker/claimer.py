@@ -113,6 +113,10 @@ class Claimer:
                 only_parked=took_back,
                 exclude=[*self._pool.in_flight, *self._pool.left_for_dead],
             )
+            if not claimed:
+                # Idle: read the limited queues again a little before their
+                # time is up, rather than in the claim of a run just scheduled.
+                claims.limited_queues(max_age=claims.LIMITS_TTL * 0.8)
         if took_back and len(claimed) < capacity:
             self._take_back = False
             self._next_take_back = now + TAKE_BACK_INTERVAL
