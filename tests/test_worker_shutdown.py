@@ -140,7 +140,6 @@ print(*(name for name in ("requested", "hurried") if getattr(shutdown, name).is_
 """
 
 
-@pytest.mark.django_db(transaction=False)
 def test_stop_signals_that_land_while_the_loop_holds_its_wait_lock_never_hang_it(tmp_path):
     from tests.workerproc import REPO, manage_py_environment
 
