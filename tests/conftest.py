@@ -19,7 +19,7 @@ def pytest_runtest_makereport(item, call):
     """A failed test's report also shows the database's sessions and the
     processes it started, stacks included for those still running."""
     report = yield
-    if report.when == "call" and report.failed:
+    if report.when in ("setup", "call") and report.failed:
         report.sections.extend(postmortem.failure_sections(item))
     return report
 

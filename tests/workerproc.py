@@ -67,8 +67,8 @@ class WorkerProcess:
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.dump_stacks()
-            pytest.fail(f"worker {self.name} still running after {timeout}s:\n{self.log()}")
+            # The report shows its stacks and log (`tests.postmortem`).
+            pytest.fail(f"worker {self.name} still running after {timeout}s")
 
     def dump_stacks(self):
         """End a process that hangs with SIGABRT, so that its log shows where

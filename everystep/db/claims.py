@@ -709,8 +709,8 @@ def _claim_in_one_round_trip(worker_name, limit, workflows, served, token, now, 
     else:
         statements = [(CLAIM_UNLIMITED.format(limit=int(limit)), params)]
     db = connection
-    params["own_commit"] = db.get_autocommit()
-    if db.queries_logged or not db.get_autocommit():
+    params["own_commit"] = own_commit = db.get_autocommit()
+    if db.queries_logged or not own_commit:
         # Django's cursor: its query log sees the statements (DEBUG, tests),
         # and a caller's transaction holds them (a savepoint).
         with transaction.atomic(), db.cursor() as cursor:

@@ -124,7 +124,7 @@ class Wakeup:
         given: wake now, and again when it falls due, rather than up to a
         poll later — unless the notification is for other peers to answer.
         Without `due` (the listener just connected), always wake."""
-        word = Word(HEARD_BY_ALL) if due is None else self._responders.chosen(due)
+        word = self._responders.chosen(due or "")
         if word is None:
             return
         try:
@@ -252,8 +252,6 @@ class Responders:
         """Whether a peer that `word` has yet to reach (ranked at `RESPONDERS`
         × (passes + 1) or after, for its key) had room for more runs at its
         last heartbeat."""
-        if not self._with_room - {self.name}:
-            return False
         ahead = self._ranking(word.key)[RESPONDERS * (int(word.passes) + 1) :]
         return any(peer in self._with_room for peer in ahead if peer != self.name)
 
