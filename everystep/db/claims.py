@@ -57,7 +57,7 @@ from everystep.core import clock, registry
 from everystep.core.fence import Fence
 from everystep.db import sql
 from everystep.models import Queue, Step, Workflow
-from everystep.resilience import sessions
+from everystep.resilience import local, sessions
 
 RUNNING = Workflow.Status.RUNNING
 SCHEDULED = Workflow.Status.SCHEDULED
@@ -115,7 +115,7 @@ def claim(
         return _take_back(worker_name, limit, workflows, exclude, token, now)
     aged = now - datetime.timedelta(seconds=aging)
     served = None if served is None else list(served)
-    if connection.vendor == "postgresql":
+    if local.connection().vendor == "postgresql":
         return _claim_in_one_round_trip(worker_name, limit, workflows, served, token, now, aged)
     return _claim_in_steps(worker_name, limit, workflows, served, token, now, aged)
 
@@ -708,7 +708,7 @@ def _claim_in_one_round_trip(worker_name, limit, workflows, served, token, now, 
         statements = [(LOCK_LIMITED, params), (CLAIM.format(limit=int(limit)), params)]
     else:
         statements = [(CLAIM_UNLIMITED.format(limit=int(limit)), params)]
-    db = connection
+    db = local.connection()
     params["own_commit"] = own_commit = db.get_autocommit()
     if db.queries_logged or not own_commit:
         # Django's cursor: its query log sees the statements (DEBUG, tests),

@@ -16,6 +16,7 @@ from everystep.core import clock, events, ids, serde
 from everystep.db import sql
 from everystep.errors import EverystepError
 from everystep.models import Event, Message, Workflow
+from everystep.resilience import local
 
 
 def check(run_id, topic, payload, idempotency_key=None):
@@ -39,7 +40,7 @@ def send(run_id, topic, payload, idempotency_key=None):
     `EverystepError` when there is no such run or it has ended.
     """
     now = clock.now()
-    db = sql.thread_connection()
+    db = local.connection()
     if db.vendor == "postgresql":
         found = _send_in_one_statement(db, run_id, topic, payload, idempotency_key, now)
     else:

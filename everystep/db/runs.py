@@ -18,6 +18,7 @@ from everystep.core import clock, registry, serde
 from everystep.db import mailbox, sql, steps
 from everystep.errors import Cancelled, EverystepError
 from everystep.models import Step, Workflow
+from everystep.resilience import local
 
 RUNNING = Workflow.Status.RUNNING
 SCHEDULED = Workflow.Status.SCHEDULED
@@ -160,14 +161,14 @@ def move_claimed(fence, to_status, **fields):
     runs waiting for it due in the same statement (a join of the table with
     itself), as the trigger does in the same round trip elsewhere."""
     fields = {"status": to_status, **_moved_fields(RUNNING, to_status, fields)}
-    wake = to_status in Workflow.ENDED and connection.vendor == "mysql"
+    db = local.connection()
+    wake = to_status in Workflow.ENDED and db.vendor == "mysql"
     prefix = "r." if wake else ""
     assignments, params = [], []
     for name, value in fields.items():
         field = Workflow._meta.get_field(name)
         assignments.append(f"{prefix}{field.column} = %s")
-        params.append(field.get_db_prep_save(value, connection))
-    db = sql.thread_connection()
+        params.append(field.get_db_prep_save(value, db))
     fenced = [sql.uuid_param(db, fence.run_id), sql.uuid_param(db, fence.claim_token)]
     if not wake:
         statement = (
@@ -181,7 +182,7 @@ def move_claimed(fence, to_status, **fields):
         f"SET {', '.join(assignments)}, w.run_at = LEAST(w.run_at, %s), w.wait_run = NULL "
         "WHERE r.id = %s AND r.status = 'running' AND r.claim_token = %s"
     )
-    now = sql.datetime_param(connection, clock.now())
+    now = sql.datetime_param(db, clock.now())
     # A row for the run, and one for each run woken.
     return sql.execute(db, statement, [*params, now, *fenced]) >= 1
 
@@ -233,7 +234,7 @@ _SHARE_LOCK = {"postgresql": " FOR SHARE", "mysql": " LOCK IN SHARE MODE"}
 def ended_status(run_id, *, lock=False):
     """The run's status if it has ended (`Workflow.ENDED`), else None; with
     `lock`, its row share-locked until the transaction ends."""
-    db = sql.thread_connection()
+    db = local.connection()
     statement = "SELECT status FROM everystep_workflow WHERE id = %s"
     if lock:
         statement += _SHARE_LOCK.get(db.vendor, "")

@@ -7,7 +7,6 @@ import datetime
 import functools
 import json
 
-from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
 from everystep.core import serde
@@ -55,12 +54,6 @@ def _qmark(sql):
 
 def _driver_execute(sql, params, many, context):
     context["cursor"].execute(sql, params)
-
-
-def thread_connection():
-    """This thread's connection itself: the step writes use it many times,
-    and each use of the `connection` proxy looks it up again."""
-    return connections[DEFAULT_DB_ALIAS]
 
 
 def datetime_param(db, value):

@@ -18,6 +18,7 @@ from django.utils import timezone
 from everystep.db import sql
 from everystep.errors import EverystepError
 from everystep.models import Step, Workflow
+from everystep.resilience import local
 
 RUNNING = Workflow.Status.RUNNING
 
@@ -57,7 +58,7 @@ def record_step(
     when a row is already at this id: either this very write landed before
     its connection was lost, or another runner owns the run.
     """
-    db = sql.thread_connection()
+    db = local.connection()
     params = [
         step_id,
         name,
@@ -83,7 +84,7 @@ def update_step(
     """Turn a step's row in `from_status` (``started``, or ``retrying``)
     into `status` with `result` and `error` (JSON text, or None) after
     `attempts` calls, in place, fenced. Returns whether it landed."""
-    db = sql.thread_connection()
+    db = local.connection()
     params = [
         status,
         result,

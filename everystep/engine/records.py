@@ -12,12 +12,10 @@ does: `open_transaction` tells a transaction that code left open (it turned
 autocommit off), and `end_open_transaction` rolls it back.
 """
 
-from django.db import DEFAULT_DB_ALIAS, connections
-
 from everystep.core import events
 from everystep.db import runs
 from everystep.errors import EngineError, EverystepError
-from everystep.resilience import classify, transient
+from everystep.resilience import classify, local, transient
 
 
 def guarded(operation, what):
@@ -81,7 +79,7 @@ def open_transaction(db):
 def end_open_transaction():
     """Roll back the transaction workflow code left open on this thread's
     connection, and turn autocommit back on. Returns whether there was one."""
-    db = connections[DEFAULT_DB_ALIAS]
+    db = local.connection()
     if not open_transaction(db):
         return False
     try:

@@ -14,7 +14,7 @@ import dataclasses
 import datetime
 import time
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from everystep.core import clock, events, retry_policy, serde
@@ -30,7 +30,7 @@ from everystep.errors import (
     WorkflowCodeError,
 )
 from everystep.models import Step
-from everystep.resilience import classify
+from everystep.resilience import classify, local
 
 
 def run_step(ctx, step_id, name, func, args, kwargs, unsafe_to_repeat, policy=None):
@@ -324,7 +324,7 @@ def refuse_inside_transaction(what):
     on any database: a step's record (or its effect) would ride the body's
     transaction, and a rollback would lose one without the other."""
     if len(connections.settings) == 1:
-        databases = (connections[DEFAULT_DB_ALIAS],)
+        databases = (local.connection(),)
     else:
         databases = connections.all(initialized_only=True)
     host = context.host_transaction()

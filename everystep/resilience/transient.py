@@ -19,7 +19,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from everystep.core import events
 from everystep.errors import ConfigurationError
-from everystep.resilience import classify, deadline, outage, sessions
+from everystep.resilience import classify, deadline, local, outage, sessions
 
 MAX_BACKOFF = 5.0
 
@@ -73,7 +73,7 @@ def retrying(operation, *, what, should_stop=None, fatal=None):
     delays = backoff_delays()
     attempt = 1
     while True:
-        wrapper = connections[DEFAULT_DB_ALIAS]
+        wrapper = local.connection()
         began_in = outage.generation_of(wrapper)
         try:
             with deadline.guard(wrapper, what):

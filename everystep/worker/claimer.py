@@ -20,7 +20,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from everystep.core import clock, cron, events, registry
 from everystep.db import claims, runs
-from everystep.resilience import classify, deadline, outage, sessions, transient
+from everystep.resilience import classify, deadline, local, outage, sessions, transient
 
 TAKE_BACK_INTERVAL = 30.0  # seconds between take-backs of runs parked under this name
 LOOP_ERROR_LOG_INTERVAL = 10.0  # at most one traceback of a loop error this often
@@ -75,7 +75,7 @@ class Claimer:
         self._schedule_ticks()  # a full pool still lets a tick's run wait its turn
         if self._pool.capacity <= 0:
             return [], self._poll()  # full: nothing learnt of the database
-        began_in = outage.generation_of(connections[DEFAULT_DB_ALIAS])
+        began_in = outage.generation_of(local.connection())
         try:
             claimed, took_back = self._claim()
         except Exception as exc:  # noqa: BLE001 - told apart in _failed
@@ -103,7 +103,7 @@ class Claimer:
         if now >= self._next_take_back:
             self._take_back = True
         took_back = self._take_back
-        with deadline.guard(connections[DEFAULT_DB_ALIAS], "claiming runs"):
+        with deadline.guard(local.connection(), "claiming runs"):
             claimed = claims.claim(
                 self._options.name,
                 capacity,
