@@ -401,11 +401,15 @@ def _claims_of(t, get, p, title):
             if baseline is None
             else f"ratio to the claim before queues {get(f'{p}.ratio_baseline_{case}'):.2f}",
         )
+        lone = get(f"{p}.lone_{case}_us")
+        if lone is not None:
+            t.row(f"{label}, one run due tomorrow", lone, "µs", lone / 1e6)
+        against = "the empty table" if lone is None else "the table holding one run due tomorrow"
         parked = get(f"{p}.parked_{case}_us")
         if parked is not None:
             parked_runs = number(get(f"{p}.parked_runs"))
             label_parked = f"{label}, beside {parked_runs} runs parked in a receive()"
-            _against_empty(t, label_parked, parked, get(f"{p}.ratio_parked_{case}"))
+            _against(t, label_parked, parked, get(f"{p}.ratio_parked_{case}"), against)
         t.row(
             f"{label}, {finished} finished runs",
             full,
@@ -416,7 +420,7 @@ def _claims_of(t, get, p, title):
         future = get(f"{p}.future_{case}_us")
         if future is not None:
             label_future = f"{label}, and {finished} runs due tomorrow or later"
-            _against_empty(t, label_future, future, get(f"{p}.ratio_future_{case}"))
+            _against(t, label_future, future, get(f"{p}.ratio_future_{case}"), against)
         limited = get(f"{p}.limited_{case}_us")
         if limited is not None:
             ratio = get(f"{p}.ratio_limited_{case}")
@@ -429,7 +433,7 @@ def _claims_of(t, get, p, title):
             )
             label_other = f"{label}, and {finished} runs of another queue due"
             other, ratio = get(f"{p}.other_queue_{case}_us"), get(f"{p}.ratio_other_queue_{case}")
-            _against_empty(t, label_other, other, ratio)
+            _against(t, label_other, other, ratio, against)
 
 
 CLAIM_HELD_UP_LIMIT_MS = 100  # SPEC §16: pruning never holds a claim up longer
@@ -462,9 +466,9 @@ def _prune(t, get):
             t.row(f"pickup {phase} the prune, p50", p50, "ms", note=note)
 
 
-def _against_empty(t, label, micros, ratio):
-    """A claim's row, with its ratio to the same claim on the empty table."""
-    note = f"ratio to the empty table {ratio:.2f}, target < 1.5: {verdict(ratio < 1.5)}"
+def _against(t, label, micros, ratio, baseline):
+    """A claim's row, with its ratio to the same claim on the `baseline` table."""
+    note = f"ratio to {baseline} {ratio:.2f}, target < 1.5: {verdict(ratio < 1.5)}"
     t.row(label, micros, "µs", micros / 1e6, note=note)
 
 

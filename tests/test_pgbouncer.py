@@ -25,6 +25,7 @@ from django.db import connection
 
 from everystep import schedule
 from everystep.models import Step, Workflow
+from everystep.resilience import timeouts
 from tests import servers, workflows
 from tests.helpers import database_url, session_url, wait_until
 from tests.workerproc import REPO, manage_py_environment
@@ -147,6 +148,50 @@ def test_the_poolers_upsets_lose_no_run_and_repeat_no_step(spawn_worker, tmp_pat
     wait_completed(run_ids, timeout=180)
     assert_each_step_once(path, run_ids)
     stop(*workers)
+
+
+LISTEN_SESSION_SQL = """
+    SELECT pid, backend_start FROM pg_stat_activity
+     WHERE datname = current_database() AND state = 'idle'
+       AND query = 'LISTEN everystep_scheduled'
+       AND state_change < now() - interval '3 seconds'
+"""
+
+
+def test_a_listen_session_cut_off_from_its_worker_is_ended_by_the_server(
+    fault_proxy, spawn_worker, tmp_path
+):
+    """Behind the pooler a worker ends no session itself (the pooler's ids
+    name none on the server). Its LISTEN session, cut off right after the
+    LISTEN, which the server still holds (the proxy keeps its socket open,
+    so no keepalive fails), is ended by the server once idle for its
+    timeout; the worker listens again on a new session meanwhile."""
+    direct = session_url()
+    proxy = fault_proxy(direct)
+    proxy.silence_after(b"LISTEN everystep_scheduled")
+    worker = spawn_worker(
+        "cut-listener", "--db-deadline", "3", env={"EVERYSTEP_SESSION_URL": proxy.url(direct)}
+    ).wait_ready()
+    with psycopg.connect(direct, autocommit=True) as server:
+
+        def cut_off_sessions():
+            return server.execute(LISTEN_SESSION_SQL).fetchall()
+
+        wait_until(
+            lambda: proxy.connections_silenced == 1 and cut_off_sessions(),
+            timeout=30,
+            message="the LISTEN session cut off, still on the server",
+        )
+        [cut_off] = cut_off_sessions()
+        # The worker goes on, listening on a new session.
+        path, run_ids = schedule_journaled(tmp_path, count=1)
+        wait_completed(run_ids, timeout=30)
+        wait_until(
+            lambda: cut_off not in cut_off_sessions(),
+            timeout=timeouts.IDLE_SESSION_TIMEOUT + 30,
+            message=f"the server to end the cut-off LISTEN session {cut_off}",
+        )
+    stop(worker)
 
 
 @pytest.fixture

@@ -8,10 +8,9 @@ releases when the process dies.
 
 The server must notice a dead session quickly, or a worker killed during a
 network partition would keep its name for hours (the kernel's keepalive
-default). So the lock's session asks the server for keepalives of its own
-and to end the session when idle for `IDLE_SESSION_TIMEOUT` seconds; the
-worker checks the lock every few seconds, so only a dead or cut-off worker
-is ever that idle.
+default). So the lock's session is one the server ends once it sits idle
+(`everystep.resilience.timeouts.keep_own_session`); the worker checks the
+lock every few seconds, so only a dead or cut-off worker is ever that idle.
 
 The lock's connection goes to the database alias of the engine's
 session-level work (`everystep.resilience.sessions.session_alias`). A
@@ -35,14 +34,12 @@ import re
 import threading
 import time
 
-from django.db import DatabaseError, connections
+from django.db import connections
 
 from everystep.core import events
 from everystep.errors import ConfigurationError
 from everystep.resilience import deadline, sessions
-from everystep.resilience.timeouts import KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL
-
-IDLE_SESSION_TIMEOUT = 30  # seconds; the worker checks its lock every 5
+from everystep.resilience.timeouts import keep_own_session
 
 
 class NameLost(Exception):
@@ -94,7 +91,7 @@ class NameLock:
         """Whether the lock is held by a process the kernel has stopped
         (SIGSTOP): held, yet not live. A database's own
         lock needs no such answer: the server ends the session of a holder
-        that stopped answering (`IDLE_SESSION_TIMEOUT`)."""
+        that stopped answering (`everystep.resilience.timeouts.keep_own_session`)."""
         return False
 
 
@@ -102,7 +99,6 @@ class _ConnectionLock(NameLock):
     """A lock held by a database session of its own."""
 
     acquire_sql = verify_sql = release_sql = holder_sql = session_sql = ""
-    session_setup = ()
 
     def __init__(self, name, alias):
         super().__init__(name)
@@ -131,12 +127,7 @@ class _ConnectionLock(NameLock):
                 self._connection.ensure_connection()
                 self._connected_at = time.monotonic()
                 self._connection.set_autocommit(True)
-                for statement in self.session_setup:
-                    try:
-                        with self._connection.cursor() as cursor:
-                            cursor.execute(statement)
-                    except DatabaseError:  # an older server without it: best effort
-                        pass
+                keep_own_session(self._connection)
             self._connection_session = self._scalar(self.session_sql)
             self._refuse_an_undeclared_pooler()
         if self._scalar(self.acquire_sql, [self.key]) != 1:
@@ -250,12 +241,6 @@ class AdvisoryLock(_ConnectionLock):
         "WHERE l.locktype = 'advisory' AND l.granted "
         "AND ((l.classid::bigint << 32) | l.objid::bigint) = %s"
     )
-    session_setup = (
-        f"SET tcp_keepalives_idle = {KEEPALIVE_IDLE}",
-        f"SET tcp_keepalives_interval = {KEEPALIVE_INTERVAL}",
-        f"SET tcp_keepalives_count = {KEEPALIVE_COUNT}",
-        f"SET idle_session_timeout = '{IDLE_SESSION_TIMEOUT}s'",
-    )
 
     def lock_key(self, name):
         digest = hashlib.sha256(f"everystep-worker:{name}".encode()).digest()
@@ -271,7 +256,6 @@ class MySQLLock(_ConnectionLock):
     release_sql = "SELECT RELEASE_LOCK(%s)"
     session_sql = "SELECT CONNECTION_ID()"
     holder_sql = "SELECT IS_USED_LOCK(%s)"
-    session_setup = (f"SET SESSION wait_timeout = {IDLE_SESSION_TIMEOUT}",)
 
     def lock_key(self, name):
         return "everystep:" + hashlib.sha256(name.encode()).hexdigest()[:48]

@@ -14,15 +14,37 @@ settings these defaults, each overridable in the database URL or the
 
 A peer that acknowledges packets yet answers nothing is caught by the
 worker's own deadline on each operation (`everystep.resilience.deadline`).
+
+The server needs the same care for the sessions a worker keeps open for
+itself, its name lock's and its LISTEN's: one cut off from its worker
+would stay open on the server for hours, holding the lock, a connection
+slot and, for a LISTEN, the notification queue's tail. `keep_own_session`
+asks the server for keepalives of its own and to end the session once it
+sits idle for `IDLE_SESSION_TIMEOUT` seconds; the worker uses each of these
+sessions every few seconds, so only a cut-off one is ever that idle.
 """
 
 import socket
+
+from django.db import DatabaseError
 
 CONNECT_TIMEOUT = 5
 KEEPALIVE_IDLE = 10
 KEEPALIVE_INTERVAL = 5
 KEEPALIVE_COUNT = 3
 USER_TIMEOUT = 20
+IDLE_SESSION_TIMEOUT = 30  # seconds; the worker uses its own sessions every 5
+
+#: What `keep_own_session` sets, by vendor.
+OWN_SESSION_SETTINGS = {
+    "postgresql": (
+        f"SET tcp_keepalives_idle = {KEEPALIVE_IDLE}",
+        f"SET tcp_keepalives_interval = {KEEPALIVE_INTERVAL}",
+        f"SET tcp_keepalives_count = {KEEPALIVE_COUNT}",
+        f"SET idle_session_timeout = '{IDLE_SESSION_TIMEOUT}s'",
+    ),
+    "mysql": (f"SET SESSION wait_timeout = {IDLE_SESSION_TIMEOUT}",),
+}
 
 # Set on a MySQL settings dict whose handshake read timeout `harden` added,
 # so that it is lifted once connected (the user's own long queries are not
@@ -83,3 +105,16 @@ def configure_socket(sock):
                 sock.setsockopt(level, name, value)
             except OSError:
                 pass  # not a TCP socket (a Unix socket), or not on this platform
+
+
+def keep_own_session(wrapper):
+    """Make the server end `wrapper`'s session (a Django connection,
+    connected, in autocommit) soon after its worker is cut off from it:
+    `OWN_SESSION_SETTINGS`. Best effort: a setting the server does not know
+    (PostgreSQL before 14 has no idle session timeout) is left out."""
+    for statement in OWN_SESSION_SETTINGS.get(wrapper.vendor, ()):
+        try:
+            with wrapper.cursor() as cursor:
+                cursor.execute(statement)
+        except DatabaseError:
+            pass

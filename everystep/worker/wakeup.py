@@ -53,7 +53,7 @@ from django.db import connection, connections
 from everystep.core import events
 from everystep.db import workers
 from everystep.db.claims import NOTIFY_CHANNEL as CHANNEL
-from everystep.resilience import deadline, outage, sessions, transient
+from everystep.resilience import deadline, outage, sessions, timeouts, transient
 
 logger = logging.getLogger(__name__)
 
@@ -325,6 +325,8 @@ class Listener:
             wrapper.ensure_connection()
             raw = wrapper.connection
             raw.autocommit = True
+            # Cut off, the session would keep the notification queue's tail.
+            timeouts.keep_own_session(wrapper)
             raw.execute(f"LISTEN {CHANNEL}")
         self._ping(wrapper, raw)
         self.on_notify()  # anything scheduled while not listening is claimed now
