@@ -13,11 +13,11 @@ import logging
 import queue
 import threading
 
-from django.db import connection, connections
+from django.db import connections
 
 from everystep.db import claims
 from everystep.engine import runner
-from everystep.resilience import outage, transient
+from everystep.resilience import local, outage, transient
 
 logger = logging.getLogger(__name__)
 
@@ -114,10 +114,8 @@ class Pool:
 
 def _close_if_unclean():
     """Close this thread's connection if a run left it in doubt."""
-    if connection.connection is not None and (
-        connection.errors_occurred
-        or connection.in_atomic_block
-        or connection.needs_rollback
-        or not connection.get_autocommit()
+    db = local.connection()
+    if db.connection is not None and (
+        db.errors_occurred or db.in_atomic_block or db.needs_rollback or not db.get_autocommit()
     ):
         transient.reset_connection()
