@@ -15,8 +15,6 @@ the outage it reveals is tracked once for the process
 import random
 import time
 
-from django.db import DEFAULT_DB_ALIAS, connections
-
 from everystep.core import events
 from everystep.errors import ConfigurationError
 from everystep.resilience import classify, deadline, local, outage, sessions
@@ -36,7 +34,7 @@ def reset_connection(cut_off=False):
     """Drop this thread's connection so the next query opens a fresh one.
     `cut_off`: it may have been cut off without the server's knowledge, so
     its session is remembered to be ended later (`everystep.resilience.sessions`)."""
-    wrapper = connections[DEFAULT_DB_ALIAS]
+    wrapper = local.connection()
     if cut_off:
         sessions.abandon(wrapper)
     else:

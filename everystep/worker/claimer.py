@@ -16,8 +16,6 @@ that has them. Database outages fail nothing: the turn backs off.
 
 import time
 
-from django.db import DEFAULT_DB_ALIAS, connections
-
 from everystep.core import clock, cron, events, registry
 from everystep.db import claims, runs
 from everystep.resilience import classify, deadline, local, outage, sessions, transient
@@ -131,7 +129,7 @@ class Claimer:
         never keeps the worker from claiming."""
         for schedule, tick in self._ticker.due(clock.now()):
             try:
-                with deadline.guard(connections[DEFAULT_DB_ALIAS], "scheduling a cron tick"):
+                with deadline.guard(local.connection(), "scheduling a cron tick"):
                     runs.insert_tick(schedule.workflow, cron.tick_key(tick), tick)
             except Exception as exc:  # noqa: BLE001 - the claim that follows meets an outage too
                 if classify.is_transient(exc):
@@ -147,7 +145,7 @@ class Claimer:
         then the runs they locked are invisible to claims, parked ones
         included, so a take-back follows."""
         try:
-            if sessions.end_abandoned(connections[DEFAULT_DB_ALIAS]):
+            if sessions.end_abandoned(local.connection()):
                 self._take_back = True
         except Exception as exc:  # noqa: BLE001 - told apart below
             if classify.is_transient(exc):
