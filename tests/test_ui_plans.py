@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from everystep.db import reads
-from everystep.models import Workflow
+from everystep.models import Event, Message, Step, Workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -197,12 +197,13 @@ def test_each_filters_counts_read_only_the_runs_of_each_status(statistics):
 def test_a_prune_batch_reads_the_runs_that_ended_first_through_an_index():
     """Retention takes the runs that ended before a time, oldest first, a
     batch at a time: each batch seeks them through the index of end times
-    (migration 0016), never reads the table, never sorts."""
+    (migration 0016) and counts each one's steps, messages and events
+    through their own indexes; it never reads a table, never sorts."""
     from everystep.db import retention
 
     ended = timezone.now() - datetime.timedelta(days=60)
     statuses = ["completed"] * 96 + ["failed", "failed", "stopped", "blocked"]
-    Workflow.objects.bulk_create(
+    runs = Workflow.objects.bulk_create(
         [
             Workflow(
                 name=f"app.flows.flow_{i % 20}",
@@ -214,10 +215,19 @@ def test_a_prune_batch_reads_the_runs_that_ended_first_through_an_index():
         batch_size=2_000,
     )
     Workflow.objects.bulk_create([Workflow(name="app.flows.flow_1") for _ in range(RUNS // 10)])
+    Step.objects.bulk_create(
+        [Step(workflow=run, step_id="1", name="app.flows.work", status="done") for run in runs],
+        batch_size=2_000,
+    )
+    some = runs[:: len(runs) // (RUNS // 10)]
+    Message.objects.bulk_create(Message(workflow=run, topic="go", payload=1) for run in some)
+    Event.objects.bulk_create(Event(workflow=run, key="progress", value=1) for run in some)
     with connection.cursor() as cursor:
-        cursor.execute(
-            "ANALYZE" if connection.vendor != "mysql" else "ANALYZE TABLE everystep_workflow"
-        )
+        if connection.vendor == "mysql":
+            tables = ("workflow", "step", "message", "event")
+            cursor.execute("ANALYZE TABLE " + ", ".join(f"everystep_{t}" for t in tables))
+        else:
+            cursor.execute("ANALYZE")
     before = ended + datetime.timedelta(seconds=RUNS // 2)
     with CaptureQueriesContext(connection) as queries:
         assert retention.delete_batch(before, ["completed", "stopped", "cancelled"]) > 0

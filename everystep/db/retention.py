@@ -6,8 +6,10 @@ the claims of the workers running meanwhile are never held up for long."""
 import time
 
 from django.db import connection, transaction
-from django.db.models import Count
+from django.db.models import Count, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 
+from everystep.db import sql
 from everystep.models import Event, Message, Step, Workflow
 
 #: Rows a batch deletes at most (a run with more records goes alone): a
@@ -18,10 +20,10 @@ BATCH_ROWS = 500
 #: and every step record waits for the batch in progress, not only those
 #: touching its rows.
 SQLITE_BATCH_ROWS = 200
-#: Seconds SQLite's writers get between two batches: twice the sleep of its
-#: busy handler between two tries once it has waited a batch's time
-#: (25 ms), so that a claim waiting for the write lock takes it before the
-#: next batch does, even after another writer went first.
+#: Seconds SQLite's writers get between two batches: twice the longest
+#: sleep of its busy handler between two tries in its first 100 ms (25 ms),
+#: so that a claim waiting for the write lock takes it before the next
+#: batch does, even after another writer went first.
 SQLITE_PAUSE = 0.05
 
 
@@ -47,31 +49,64 @@ def count(before, statuses, workflow=None):
 def delete_batch(before, statuses, workflow=None):
     """Delete the next batch of those runs with their records, in one
     transaction: runs, oldest first, until their rows (the run and its
-    steps, messages and events) reach `batch_rows()`. Returns how many runs."""
-    skip_locked = connection.features.has_select_for_update_skip_locked
+    steps, messages and events) reach `batch_rows()`. Returns how many runs.
+
+    The transaction holds what a claim may wait for (on SQLite, the one
+    write lock), so it does only this: one statement picks and locks the
+    candidates with the count of their records, and one DELETE per table
+    takes the chosen runs' rows."""
     limit = batch_rows()
     with transaction.atomic():
-        # Locked, so that none is retried while it goes (one an operator
-        # holds is left for the next batch).
-        candidates = list(
-            finished_runs(before, statuses, workflow)
-            .select_for_update(skip_locked=skip_locked)
-            .order_by("completed_at")
-            .values_list("id", flat=True)[:limit]
-        )
-        if not candidates:
-            return 0
-        records = _records_per_run(candidates)
         chosen, rows = [], 0
-        for run_id in candidates:
-            weight = 1 + records.get(run_id, 0)
+        for run_id, records in _candidates(before, statuses, workflow, limit):
+            weight = 1 + records
             if chosen and rows + weight > limit:
                 break
             chosen.append(run_id)
             rows += weight
-        # The runs, and their steps, messages and events: one DELETE each.
-        Workflow.objects.filter(id__in=chosen).delete()
+        if chosen:
+            _delete_runs(chosen)
     return len(chosen)
+
+
+def _candidates(before, statuses, workflow, limit):
+    """``(run id, steps + messages + events)`` of the first `limit` runs to
+    delete, oldest first, their rows locked so that none is retried while
+    it goes (one an operator holds is left for the next batch)."""
+    skip_locked = connection.features.has_select_for_update_skip_locked
+    return list(
+        finished_runs(before, statuses, workflow)
+        .select_for_update(skip_locked=skip_locked)
+        .order_by("completed_at")
+        .annotate(records=_count_of(Step) + _count_of(Message) + _count_of(Event))
+        .values_list("id", "records")[:limit]
+    )
+
+
+def _count_of(model):
+    """The number of `model` rows of the run of the outer query."""
+    rows = (
+        model.objects.filter(workflow_id=OuterRef("id"))
+        .order_by()
+        .values("workflow_id")
+        .annotate(n=Count("*"))
+        .values("n")
+    )
+    return Coalesce(Subquery(rows), 0)
+
+
+def _delete_runs(run_ids):
+    """Delete the runs `run_ids` and their steps, messages and events: one
+    DELETE per table on the ids, adapted once (the ORM's ``__in`` adapts
+    each id once per query, which costs more than the statements)."""
+    ids = [sql.uuid_param(connection, run_id) for run_id in run_ids]
+    marks = ", ".join(["%s"] * len(ids))
+    with connection.cursor() as cursor:
+        for model in (Step, Message, Event):
+            cursor.execute(
+                f"DELETE FROM {model._meta.db_table} WHERE workflow_id IN ({marks})", ids
+            )
+        cursor.execute(f"DELETE FROM {Workflow._meta.db_table} WHERE id IN ({marks})", ids)
 
 
 def yield_to_writers():
@@ -87,17 +122,3 @@ def yield_to_writers():
         with connection.cursor() as cursor:
             cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
         time.sleep(SQLITE_PAUSE)
-
-
-def _records_per_run(run_ids):
-    """``{run id: steps + messages + events}`` of the runs that have any."""
-    counts = {}
-    for model in (Step, Message, Event):
-        rows = (
-            model.objects.filter(workflow_id__in=run_ids)
-            .values_list("workflow_id")
-            .annotate(n=Count("id"))
-        )
-        for run_id, n in rows:
-            counts[run_id] = counts.get(run_id, 0) + n
-    return counts
