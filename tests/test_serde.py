@@ -1,10 +1,13 @@
 """Serialization (§4): tagged types round-trip everywhere; others are refused."""
 
 import decimal
+import json
 import subprocess
 import sys
+import zoneinfo
 
 import pytest
+from django.utils import timezone
 
 from everystep import schedule
 from everystep.core import serde
@@ -21,6 +24,27 @@ def test_encode_then_decode_gives_back_the_same_value_and_type(value):
     decoded = serde.decode(serde.encode(value))
     assert decoded == value
     assert type(decoded) is type(value)
+
+
+@pytest.mark.parametrize("value", VALUES, ids=repr)
+def test_the_stored_text_is_compact_json(value):
+    data = serde.to_json(value)
+    assert serde.encode(value) == json.dumps(data, separators=(",", ":"))
+
+
+def test_the_engine_adapts_a_datetime_parameter_as_django_does():
+    """`sql.datetime_param` skips Django's general path for UTC times: the
+    text sent must be the same, for those and for the others."""
+    from django.db import connection
+
+    from everystep.db import sql
+
+    paris = zoneinfo.ZoneInfo("Europe/Paris")
+    now = timezone.now()
+    for value in (now, now.replace(microsecond=0), now.astimezone(paris), None):
+        assert sql.datetime_param(connection, value) == connection.ops.adapt_datetimefield_value(
+            value
+        )
 
 
 @pytest.mark.parametrize(

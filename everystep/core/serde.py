@@ -33,9 +33,33 @@ MAX_DEPTH = 100
 #: encoded: far below MariaDB's default max_allowed_packet (16 MiB), and
 #: more than any value a workflow should pass between steps.
 MAX_RECORD_BYTES = 8 * 1024 * 1024
-# One encoder for every value: ``json.dumps`` with separators builds a new
-# one per call, and a step encodes three values.
-_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _compact_encoder():
+    """``json.dumps(data, separators=(",", ":"))`` for the plain JSON data
+    `to_json` returns, which holds no cycle and no other type. A step
+    encodes three values, and ``JSONEncoder.encode`` builds CPython's C
+    encoder anew for each call, which costs more than the encoding: the C
+    encoder is built once here, where the interpreter has it."""
+    encoder = json.JSONEncoder(separators=(",", ":"))
+    make_encoder = json.encoder.c_make_encoder
+    if make_encoder is None:
+        return encoder.encode
+    encode = make_encoder(
+        None,  # no circular check: to_json's data is a tree
+        encoder.default,
+        json.encoder.encode_basestring_ascii,
+        None,  # no indent
+        encoder.key_separator,
+        encoder.item_separator,
+        False,  # sort_keys
+        False,  # skipkeys
+        True,  # allow_nan: to_json has refused NaN and infinities already
+    )
+    return lambda data: "".join(encode(data, 0))
+
+
+_compact = _compact_encoder()
 
 
 def to_json(value, _depth=0):

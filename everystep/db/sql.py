@@ -6,6 +6,7 @@ that run once per step.
 import datetime
 import functools
 import json
+from datetime import UTC
 
 from django.utils import timezone
 
@@ -31,7 +32,8 @@ def _run(db, sql, params, result):
         with db.cursor() as cursor:
             cursor.execute(sql, params)
             return result(cursor)
-    db.ensure_connection()
+    if db.connection is None:
+        db.ensure_connection()
     raw = db.connection
     cached = getattr(db, "_everystep_cursor", None)
     if cached is None or cached[0] is not raw:
@@ -57,6 +59,12 @@ def _driver_execute(sql, params, many, context):
 
 
 def datetime_param(db, value):
+    """`value` as Django adapts it for a datetime column of `db`. The
+    engine's own times are aware and in the connection's zone (UTC): those
+    are adapted here, in a fraction of the time Django's general path takes,
+    which a step pays twice."""
+    if value is not None and value.tzinfo is UTC is db.timezone and db.vendor != "postgresql":
+        return str(value)[:-6]  # its text less "+00:00": the naive UTC text Django sends
     return db.ops.adapt_datetimefield_value(value)
 
 

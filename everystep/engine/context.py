@@ -76,6 +76,11 @@ class RunState:
     #: no further step starts.
     cancel_asked: bool = False
     draining: threading.Event = dataclasses.field(default_factory=threading.Event)
+    #: The run's id as text, made once: each step's record names it.
+    run_text: str = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        self.run_text = str(self.fence.run_id)
 
 
 class Context:

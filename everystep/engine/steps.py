@@ -392,7 +392,7 @@ def record(run, step, status, result, error, *, replacing=None, attempts=1, alon
             )
         return landed
 
-    what = f"recording step {step_id} of run {run.fence.run_id}"
+    what = f"recording step {step_id} of run {run.run_text}"
     landed = records.guarded(write, what)
     if landed is _SKIPPED:
         return False
