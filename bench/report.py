@@ -179,6 +179,10 @@ def table(results):
     return LEGEND + "\n\n" + t.text()
 
 
+#: The recorded step's target, as a multiple of its database's physical limit.
+STEP_TARGETS = {"postgres": 1.3, "mariadb": 1.5, "sqlite": 1.5}
+
+
 def _steps(t, get):
     for backend in BACKENDS:
         prefix = f"steps.{backend}"
@@ -189,13 +193,14 @@ def _steps(t, get):
         t.row("physical limit: one autocommit INSERT", limit, "µs", limit / 1e6, backend)
         step = get(f"{prefix}.step_us")
         ratio = get(f"{prefix}.step_vs_limit")
+        target = STEP_TARGETS[backend]
         t.row(
             f"recorded step (run of {get(f'{prefix}.steps_per_run')} steps, one thread)",
             step,
             "µs",
             step / 1e6,
             backend,
-            f"target ≤ 1.3× limit: {verdict(ratio <= 1.3)}",
+            f"target ≤ {target}× limit: {verdict(ratio <= target)}",
         )
         driver = get(f"{prefix}.step_in_driver_us")
         t.row(
