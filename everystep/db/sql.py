@@ -63,7 +63,12 @@ def datetime_param(db, value):
     engine's own times are aware and in the connection's zone (UTC): those
     are adapted here, in a fraction of the time Django's general path takes,
     which a step pays twice."""
-    if value is not None and value.tzinfo is UTC is db.timezone and db.vendor != "postgresql":
+    if (
+        value is not None
+        and value.tzinfo is UTC
+        and db.timezone is UTC
+        and db.vendor != "postgresql"
+    ):
         return str(value)[:-6]  # its text less "+00:00": the naive UTC text Django sends
     return db.ops.adapt_datetimefield_value(value)
 
