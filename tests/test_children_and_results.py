@@ -16,7 +16,7 @@ from everystep.control import actions
 from everystep.engine import runner
 from everystep.errors import Cancelled, EverystepError
 from everystep.models import Event, Step, Workflow
-from tests import wait_workflows
+from tests import wait_workflows, workflows
 from tests.helpers import attempt, claim_one, recorded_steps
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -315,3 +315,34 @@ def test_a_body_waiting_for_a_run_that_does_not_exist_fails_with_a_clear_error()
         "everystep.errors.EverystepError",
         f"no run {missing}",
     )
+
+
+@pytest.mark.backends("postgres")
+def test_a_runs_end_is_notified_only_to_those_who_await_it():
+    """PostgreSQL makes the commits that notify queue one behind another, so
+    a run's end notifies ``everystep_ended`` only once a `result()` waiter
+    listens for it (migration 0017); the ends of the other runs commit
+    without it."""
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    from everystep.db import ends
+
+    listening = connections.create_connection(DEFAULT_DB_ALIAS)
+    listening.ensure_connection()
+    listening.connection.autocommit = True
+    listening.connection.execute(f"LISTEN {ends.CHANNEL}")
+    unawaited = schedule(workflows.add_twice, 1, 2)
+    awaited = schedule(workflows.add_twice, 3, 4)
+    waiter = ends._Listener(awaited.id)  # as result() listens, then marks its run
+    try:
+        assert waiter.raw is not None
+        assert {attempt(), attempt()} == {"completed"}
+        notified = [
+            notification.payload
+            for notification in listening.connection.notifies(timeout=2, stop_after=2)
+        ]
+        assert notified == [str(awaited.id)]
+        assert str(unawaited.id) not in notified
+    finally:
+        waiter.close()
+        listening.close()

@@ -2,9 +2,12 @@
 
 The wait reads the run's row once per `POLL_SECONDS`, and no more. On
 PostgreSQL it also listens, on a connection of its own, to
-``everystep_ended``, which a trigger notifies with the id of each run that
-ends (migration 0013): it reads again as soon as its run's id comes, so the
-end is seen at once, and a lost notification costs one poll.
+``everystep_ended``, which a trigger notifies with the id of a run that
+ends (migration 0013) if the run is marked ``awaited`` (migration 0017):
+the wait marks it once it listens, then reads again as soon as its run's
+id comes, so the end is seen at once, and a lost notification costs one
+poll. The runs nobody awaits end without a notification, which
+PostgreSQL would make each commit queue for.
 """
 
 import time
@@ -81,6 +84,12 @@ class _Listener:
                 self.raw = self.db.connection
                 self.raw.autocommit = True
                 self.raw.execute(f"LISTEN {CHANNEL}")
+                # Listening first: the run's end, if it comes after this
+                # mark, is notified; if before, the wait's next read sees it.
+                self.raw.execute(
+                    "UPDATE everystep_workflow SET awaited = true WHERE id = %s AND NOT awaited",
+                    [run_id],
+                )
         except Exception:  # noqa: BLE001 - polling still sees the end
             self.close()
 
