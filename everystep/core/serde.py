@@ -65,6 +65,17 @@ _compact = _compact_encoder()
 def to_json(value, _depth=0):
     """Return `value` as plain JSON data (dicts, lists, str, numbers, None),
     tagging the extra types; raise `EverystepError` for anything else."""
+    # Most values are of these exact types: answered before the checks below.
+    kind = type(value)
+    if kind is str:
+        return _checked_string(value)
+    if _depth <= MAX_DEPTH:
+        if kind is int:
+            return value
+        if kind is list:
+            return [to_json(item, _depth + 1) for item in value]
+        if kind is dict:
+            return _dict_to_json(value, _depth + 1)
     if isinstance(value, str):
         return _checked_string(value)
     if value is None or isinstance(value, bool):
@@ -131,7 +142,10 @@ def dumps(data):
 def check_size(what, *texts):
     """Raise `EverystepError` when the JSON `texts` of one record (None for
     an absent value) add up to more than `MAX_RECORD_BYTES`."""
-    size = sum(len(text) for text in texts if text is not None)
+    size = 0
+    for text in texts:
+        if text is not None:
+            size += len(text)
     if size > MAX_RECORD_BYTES:
         raise EverystepError(
             f"{what} is {size / 1048576:.1f} MiB encoded; everystep stores at most "

@@ -68,7 +68,7 @@ def retrying(operation, *, what, should_stop=None, fatal=None):
     asked before each retry: if it returns true the last error is raised;
     so is an error for which `fatal(error)` is true.
     """
-    delays = backoff_delays()
+    delays = None  # made at the first failure: most operations succeed at once
     attempt = 1
     while True:
         wrapper = local.connection()
@@ -84,6 +84,7 @@ def retrying(operation, *, what, should_stop=None, fatal=None):
             ):
                 raise
             outage.tracker.failed(what, exc, began_in)
+            delays = delays or backoff_delays()
             delay = next(delays)
             events.announce(
                 "db_retry", what=what, attempt=attempt, delay=delay, error=classify.one_line(exc)
