@@ -4,6 +4,7 @@ extra the project asks for; the runtime (the zipapp, the image) bundles
 them all."""
 
 import email
+import re
 import subprocess
 import sys
 import zipfile
@@ -36,7 +37,8 @@ def requirements(metadata):
     found = {}
     for line in metadata.get_all("Requires-Dist"):
         requirement, _, marker = line.partition(";")
-        name = requirement.strip().split("[")[0].split(">")[0].split("=")[0].strip().lower()
+        # The name ends where extras or a version begin: [ < > = ~ ! or a space.
+        name = re.match(r"[A-Za-z0-9._-]+", requirement.strip()).group().lower()
         extra = marker.split("extra ==")[1].strip().strip("'\"") if "extra ==" in marker else None
         found.setdefault(name, set()).add(extra)
     return found
