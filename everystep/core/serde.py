@@ -62,30 +62,29 @@ def _compact_encoder():
 _compact = _compact_encoder()
 
 
+#: Exact types of the values `to_json` meets most, none of them an Enum's.
+_NEVER_ENUM = frozenset({int, list, dict})
+
+
 def to_json(value, _depth=0):
     """Return `value` as plain JSON data (dicts, lists, str, numbers, None),
     tagging the extra types; raise `EverystepError` for anything else."""
-    # Most values are of these exact types: answered before the checks below.
-    kind = type(value)
-    if kind is str:
-        return _checked_string(value)
-    if _depth <= MAX_DEPTH:
-        if kind is int:
-            return value
-        if kind is list:
-            return [to_json(item, _depth + 1) for item in value]
-        if kind is dict:
-            return _dict_to_json(value, _depth + 1)
     if isinstance(value, str):
         return _checked_string(value)
     if value is None or isinstance(value, bool):
         return value
     if _depth > MAX_DEPTH:
         raise EverystepError(f"cannot serialize a value nested deeper than {MAX_DEPTH} levels")
-    if isinstance(value, enum.Enum):
+    # Most values are of one of these exact types, which no Enum member has:
+    # they skip the Enum check that an IntEnum's members need first.
+    if type(value) not in _NEVER_ENUM and isinstance(value, enum.Enum):
         return _tagged(
             "enum", {"class": _dotted_name(type(value)), "value": to_json(value.value, _depth + 1)}
         )
+    if isinstance(value, list):
+        return [to_json(item, _depth + 1) for item in value]
+    if isinstance(value, dict):
+        return _dict_to_json(value, _depth + 1)
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
@@ -94,12 +93,8 @@ def to_json(value, _depth=0):
                 f"cannot serialize the float {value!r}: JSON has no NaN or infinity"
             )
         return value
-    if isinstance(value, list):
-        return [to_json(item, _depth + 1) for item in value]
     if isinstance(value, tuple):
         return _tagged("tuple", [to_json(item, _depth + 1) for item in value])
-    if isinstance(value, dict):
-        return _dict_to_json(value, _depth + 1)
     if isinstance(value, datetime.datetime):
         return _tagged("datetime", value.isoformat())
     if isinstance(value, datetime.date):
