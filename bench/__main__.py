@@ -9,7 +9,8 @@ in its module's docstring:
 
     steps       bench.steps, bench.limits   physical limit, recorded step cost
     throughput  bench.throughput            worker processes draining a queue
-    pickup      bench.pickup                schedule() to first step, idle worker
+    pickup      bench.pickup,               schedule() to first step, idle worker; its floor,
+                bench.pickup_limit          a NOTIFY's commit to a claim's reply (raw psycopg)
     many        bench.many                  16 workers on one PostgreSQL, directly and through
                                             PgBouncer, beside 1 worker with the same total pool:
                                             claims per run, connections, lock waits, throughput
@@ -166,6 +167,15 @@ def plan(size):
         ("postgres", True, 0.5),
         ("mariadb", True, 0.5),
     ]
+    # The floor under a pickup, next to the pickup it is the floor of.
+    tasks.append(
+        Task(
+            "pickup",
+            "pickup.postgres.limit",
+            timeout=240,
+            options={"samples": size.pickup_samples, "limit": True, "log_dir": str(LOGS)},
+        )
+    )
     for backend, notify, delay in pickups if not size.quick else pickups[:1]:
         mode = ("default" if notify else "polling") + ("_due" if delay else "")
         tasks.append(

@@ -29,6 +29,10 @@ start of the step after the receive. ``result``: the probe run waits for
 its child's result, the child for a message; the probe sends the child its
 message, and the latency runs from the child's end (``completed_at``) to
 the start of the parent's next step.
+
+With ``limit``, no worker runs: the figures are the floor under a pickup on
+this machine and server, a NOTIFY's commit to a claim's reply through the
+raw driver (`bench.pickup_limit`), sampled the same way.
 """
 
 import os
@@ -36,7 +40,7 @@ import random
 import socket
 import time
 
-from bench import workflows
+from bench import pickup_limit, workflows
 from bench.common import Workers, percentile, wait_for
 from everystep import schedule, send
 from everystep.models import Workflow
@@ -103,32 +107,20 @@ def woken(wake, rng, poll):
     return run, lambda: Workflow.objects.get(id=target).completed_at.timestamp()
 
 
-def measure(samples=200, poll=0.2, notify=True, log_dir=".", seed=1, delay=None, wake=None):
+def measure(
+    samples=200, poll=0.2, notify=True, log_dir=".", seed=1, delay=None, wake=None, limit=False
+):
+    """The pickup's figures, in ms; with `limit`, no worker: the floor under
+    a pickup, a NOTIFY's commit to a claim's reply (`bench.pickup_limit`)."""
     rng = random.Random(seed)
-    flags = ["--poll", str(poll)] + ([] if notify else ["--no-notify"])
-    url = os.environ["EVERYSTEP_DATABASE_URL"]
-    delays = []
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{probe.getsockname()[1]}"
-        env = {workflows.PROBE_ADDRESS: address}
-        with Workers(1, flags, url, log_dir, prefix="bench-pickup", env=env) as group:
-            group.wait_ready()
-            for index in range(WARM_UP + samples):
-                if wake is None:
-                    run, since = scheduled(delay, rng, poll)
-                else:
-                    run, since = woken(wake, rng, poll)
-                started = receive_start(probe, run.id)
-                committed = since()
-                wait_for(
-                    lambda run=run: Workflow.objects.filter(id=run.id, status="completed").exists(),
-                    TIMEOUT,
-                    "the probe run to complete",
-                    interval=0.005,
-                )
-                if index >= WARM_UP:
-                    delays.append(started - committed)
+        if limit:
+            with pickup_limit.Listener(address, log_dir) as listener:
+                delays = _sample(samples, probe, lambda: _limit_sample(listener, rng, poll))
+        else:
+            delays = _pickups(samples, poll, notify, log_dir, delay, wake, rng, probe, address)
     return {
         "samples": samples,
         "pickup_p50_ms": percentile(delays, 0.5) * 1e3,
@@ -136,3 +128,53 @@ def measure(samples=200, poll=0.2, notify=True, log_dir=".", seed=1, delay=None,
         "pickup_min_ms": min(delays) * 1e3,
         "pickup_max_ms": max(delays) * 1e3,
     }
+
+
+def _pickups(samples, poll, notify, log_dir, delay, wake, rng, probe, address):
+    """The pickups of probe runs by one idle worker, in seconds."""
+    flags = ["--poll", str(poll)] + ([] if notify else ["--no-notify"])
+    url = os.environ["EVERYSTEP_DATABASE_URL"]
+    env = {workflows.PROBE_ADDRESS: address}
+    with Workers(1, flags, url, log_dir, prefix="bench-pickup", env=env) as group:
+        group.wait_ready()
+
+        def one():
+            if wake is None:
+                run, since = scheduled(delay, rng, poll)
+            else:
+                run, since = woken(wake, rng, poll)
+            return run.id, since, lambda: _wait_completed(run.id)
+
+        return _sample(samples, probe, one)
+
+
+def _limit_sample(listener, rng, poll):
+    """One sample of the pickup's limit, as `_sample` takes it."""
+    time.sleep(rng.uniform(0, poll))
+    row = listener.schedule()  # autocommit: committed on return
+    committed = time.time()
+    return row, lambda: committed, lambda: None
+
+
+def _sample(samples, probe, one):
+    """`samples` delays (seconds) after `WARM_UP` dropped: `one()` starts a
+    sample and returns its id, a function of the moment it runs from, and
+    one that waits until the sample is done with."""
+    delays = []
+    for index in range(WARM_UP + samples):
+        sample_id, since, done = one()
+        started = receive_start(probe, sample_id)
+        began = since()
+        done()
+        if index >= WARM_UP:
+            delays.append(started - began)
+    return delays
+
+
+def _wait_completed(run_id):
+    wait_for(
+        lambda: Workflow.objects.filter(id=run_id, status="completed").exists(),
+        TIMEOUT,
+        "the probe run to complete",
+        interval=0.005,
+    )

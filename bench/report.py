@@ -304,6 +304,7 @@ def _pickup(t, get):
     if not present:
         return
     t.heading("pickup: schedule() commit to first step, idle worker, poll 0.2 s")
+    _pickup_limit(t, get)
     _pickup_rows(t, get, present)
     wakes = [
         (backend, wake, f"{NAMES[backend]}, {label}")
@@ -364,12 +365,32 @@ def _many(t, get):
             )
 
 
+def _pickup_limit(t, get):
+    """The floor under a pickup, and the default pickup as a multiple of it."""
+    p, ours = "pickup.postgres.limit", "pickup.postgres.default"
+    for q in ("p50", "p99"):
+        floor = get(f"{p}.pickup_{q}_ms")
+        if floor is None:
+            continue
+        pickup = get(f"{ours}.pickup_{q}_ms")
+        note = f"the pickup below is {pickup / floor:.2f}× this" if pickup else ""
+        label = f"PostgreSQL limit: a NOTIFY's commit to a claim's reply, raw psycopg {q}"
+        t.row(label, floor, "ms", floor / 1e3, "postgres", note)
+
+
+#: The pickup's p99 targets (ms), by (backend, mode).
+PICKUP_P99_TARGETS = {("postgres", "default"): 2, ("postgres", "default_due"): 5}
+
+
 def _pickup_rows(t, get, modes):
     for backend, mode, label in modes:
         p = f"pickup.{backend}.{mode}"
+        target = PICKUP_P99_TARGETS.get((backend, mode))
         for q in ("p50", "p99"):
             value = get(f"{p}.pickup_{q}_ms")
             note = f"{get(f'{p}.samples')} samples" if q == "p50" else ""
+            if q == "p99" and target is not None and value is not None:
+                note = f"target < {target} ms: {verdict(value < target)}"
             t.row(f"{label} {q}", value, "ms", value / 1e3, backend, note)
 
 
@@ -615,6 +636,16 @@ def _footprint(t, get, notes):
         if bare is not None:
             note = f"a python3 with nothing installed; target < 0.5 s: {verdict(bare < 0.5)}"
             t.row("zipapp: exec to ready, warm, bare python3", bare, "s", bare, note=note)
+        floor = get("zipapp.django_import_bare_s")
+        if floor is not None:
+            note = f"the floor: the start above is {bare / floor:.2f}× this" if bare else ""
+            t.row(
+                "bare python3 importing Django's ORM (zipapp's packages)",
+                floor,
+                "s",
+                floor,
+                note=note,
+            )
         t.row("zipapp size", get("zipapp.size_mib"), "MiB")
     elif "zipapp.cold_start_s" in t.figures:
         t.rows.append(("zipapp start-up", "not measured", "", notes.get("zipapp", "")))

@@ -8,12 +8,17 @@ nothing installed, as in a slim container image: this machine's
 they find them (environ-config imports boto3 for AWS secrets), which is
 this machine's start-up, not the zipapp's.
 
+The floor under any Django worker's start is measured beside it, warm:
+the same bare interpreter starting and importing Django's ORM
+(``django.db.models``) from the packages the zipapp extracted.
+
 Runs in the orchestrating process (the zipapp brings its own Django
 settings); with no zipapp built, the figures are null and say why.
 """
 
 import os
 import subprocess
+import time
 
 from bench.common import ROOT, WorkerProcess, median
 
@@ -52,6 +57,18 @@ def start(url, shiv_root, log_path, interpreter=None):
         worker.stop()
 
 
+def django_import(interpreter, shiv_root):
+    """Seconds for `interpreter` to start and import Django's ORM from the
+    packages the zipapp extracted under `shiv_root`, their bytecode written
+    by its first start."""
+    [site_packages] = shiv_root.glob("*/site-packages")
+    code = f"import sys; sys.path.insert(0, {str(site_packages)!r}); import django.db.models"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    began = time.perf_counter()
+    subprocess.run([str(interpreter), "-c", code], env=env, check=True)
+    return time.perf_counter() - began
+
+
 def measure(url, workdir, repeat=3):
     if not PYZ.exists():
         return {
@@ -65,16 +82,18 @@ def measure(url, workdir, repeat=3):
     subprocess.run([str(PYZ), "migrate"], env=migrate_env, check=True, capture_output=True)
     bare = workdir / "bare-python"
     subprocess.run(["python3", "-m", "venv", "--without-pip", str(bare)], check=True)
-    cold, warm, warm_bare = [], [], []
+    cold, warm, warm_bare, floor = [], [], [], []
     for attempt in range(repeat):
         shiv_root = workdir / f"shiv-{attempt}"
         log = workdir / f"zipapp-{attempt}.log"
         cold.append(start(url, shiv_root, log))
         warm.append(start(url, shiv_root, log))
         warm_bare.append(start(url, shiv_root, log, bare / "bin" / "python3"))
+        floor.append(django_import(bare / "bin" / "python3", shiv_root))
     return {
         "cold_start_s": median(cold),
         "warm_start_s": median(warm),
         "warm_start_bare_s": median(warm_bare),
+        "django_import_bare_s": median(floor),
         "size_mib": PYZ.stat().st_size / 2**20,
     }
