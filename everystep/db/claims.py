@@ -575,15 +575,23 @@ WITH RECURSIVE pairs(queue, priority) AS (
 # write after it flushes the WAL up to itself, so a step recorded under the
 # claim makes the claim durable too. In a caller's transaction, the
 # caller's commit is left as it is.
+#
+# The chosen runs are joined by primary key, which the planner looks up
+# whatever it knows of the table's size (a fresh table's generic plan
+# would scan it), and `set_config` is a subquery of no row, run once
+# rather than for every row the scan reads.
 TAKE_CHOSEN = """
 UPDATE everystep_workflow
    SET status = 'running', claimed_by = %(worker)s, claim_token = %(token)s,
        claimed_at = %(now)s, started_at = COALESCE(started_at, %(now)s),
        wait_topic = NULL, wait_run = NULL
- WHERE id = ANY(ARRAY(SELECT id FROM chosen))
-   AND CASE WHEN %(own_commit)s THEN set_config('synchronous_commit', 'off', true) = 'off'
-            ELSE true END
-RETURNING id, name, args, run_at, trace_context, cancel_requested_at IS NOT NULL,
+  FROM chosen
+ WHERE everystep_workflow.id = chosen.id
+   AND (SELECT CASE WHEN %(own_commit)s
+                    THEN set_config('synchronous_commit', 'off', true) = 'off'
+                    ELSE true END)
+RETURNING everystep_workflow.id, name, args, run_at, trace_context,
+          cancel_requested_at IS NOT NULL,
           EXISTS (SELECT 1 FROM everystep_step s WHERE s.workflow_id = everystep_workflow.id)
 """
 
