@@ -640,7 +640,7 @@ def _footprint(t, get, notes):
         if floor is not None:
             note = f"the floor: the start above is {bare / floor:.2f}× this" if bare else ""
             t.row(
-                "bare python3 importing Django's ORM (zipapp's packages)",
+                "bare python3 importing Django's ORM and psycopg (the zipapp's)",
                 floor,
                 "s",
                 floor,

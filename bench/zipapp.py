@@ -8,9 +8,10 @@ nothing installed, as in a slim container image: this machine's
 they find them (environ-config imports boto3 for AWS secrets), which is
 this machine's start-up, not the zipapp's.
 
-The floor under any Django worker's start is measured beside it, warm:
-the same bare interpreter starting and importing Django's ORM
-(``django.db.models``) from the packages the zipapp extracted.
+The floor under any Django worker's start on PostgreSQL is measured beside
+it, warm: the same bare interpreter starting and importing Django's ORM
+(``django.db.models``) and the driver (``psycopg``) from the packages the
+zipapp extracted.
 
 Runs in the orchestrating process (the zipapp brings its own Django
 settings); with no zipapp built, the figures are null and say why.
@@ -58,11 +59,12 @@ def start(url, shiv_root, log_path, interpreter=None):
 
 
 def django_import(interpreter, shiv_root):
-    """Seconds for `interpreter` to start and import Django's ORM from the
-    packages the zipapp extracted under `shiv_root`, their bytecode written
-    by its first start."""
+    """Seconds for `interpreter` to start and import Django's ORM and
+    psycopg from the packages the zipapp extracted under `shiv_root`, their
+    bytecode written by its first start."""
     [site_packages] = shiv_root.glob("*/site-packages")
-    code = f"import sys; sys.path.insert(0, {str(site_packages)!r}); import django.db.models"
+    path = f"import sys; sys.path.insert(0, {str(site_packages)!r})"
+    code = f"{path}; import django.db.models, psycopg"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     began = time.perf_counter()
     subprocess.run([str(interpreter), "-c", code], env=env, check=True)
