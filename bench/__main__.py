@@ -10,7 +10,7 @@ in its module's docstring:
     steps       bench.steps, bench.limits   physical limit, recorded step cost
     throughput  bench.throughput            worker processes draining a queue
     pickup      bench.pickup,               schedule() to first step, idle worker; its floor,
-                bench.pickup_limit          a NOTIFY's commit to a claim's reply (raw psycopg)
+                bench.pickup_floor          a NOTIFY's commit to a claim's reply (raw psycopg)
     many        bench.many                  16 workers on one PostgreSQL, directly and through
                                             PgBouncer, beside 1 worker with the same total pool:
                                             claims per run, connections, lock waits, throughput
@@ -171,9 +171,9 @@ def plan(size):
     tasks.append(
         Task(
             "pickup",
-            "pickup.postgres.limit",
+            "pickup.postgres.floor",
             timeout=240,
-            options={"samples": size.pickup_samples, "limit": True, "log_dir": str(LOGS)},
+            options={"samples": size.pickup_samples, "floor": True, "log_dir": str(LOGS)},
         )
     )
     for backend, notify, delay in pickups if not size.quick else pickups[:1]:

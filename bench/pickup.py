@@ -30,27 +30,40 @@ its child's result, the child for a message; the probe sends the child its
 message, and the latency runs from the child's end (``completed_at``) to
 the start of the parent's next step.
 
-With ``limit``, no worker runs: the figures are the floor under a pickup on
+With ``floor``, no worker runs: the figures are the floor under a pickup on
 this machine and server, a NOTIFY's commit to a claim's reply through the
-raw driver (`bench.pickup_limit`), sampled the same way.
+raw driver (`bench.pickup_floor`), sampled the same way.
 """
 
 import os
 import random
 import socket
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
-from bench import pickup_limit, workflows
+from bench import pickup_floor, workflows
 from bench.common import Workers, percentile, wait_for
 from everystep import schedule, send
 from everystep.models import Workflow
 
 WARM_UP = 10
-TIMEOUT = 30  # seconds a probe run may take to start
+TIMEOUT = 30  # seconds a sample may take to start
 
 
-def receive_start(probe, run_id):
-    """The start time the probe run `run_id` sends (others are ignored)."""
+class Sample(NamedTuple):
+    """A sample under way: the sender its datagram names, a function of the
+    moment its latency runs from (called once it has started), and one that
+    waits until it is done with."""
+
+    sender: object
+    since: Callable[[], float]
+    done: Callable[[], None] = lambda: None
+
+
+def receive_start(probe, sender):
+    """The start time `sender` (a probe run's or row's id) sends; others
+    are ignored."""
     deadline = time.monotonic() + TIMEOUT
     while (remaining := deadline - time.monotonic()) > 0:
         probe.settimeout(remaining)
@@ -58,25 +71,29 @@ def receive_start(probe, run_id):
             message = probe.recv(200).decode()
         except TimeoutError:
             break
-        sender, _, started = message.partition(" ")
-        if sender == str(run_id):
+        name, _, started = message.partition(" ")
+        if name == str(sender):
             return float(started)
-    raise TimeoutError(f"the probe run {run_id} did not start within {TIMEOUT}s")
+    raise TimeoutError(f"sample {sender} did not start within {TIMEOUT}s")
+
+
+def at_random_point(rng, poll, commit):
+    """Call `commit` (which commits before it returns) at a random point of
+    a poll; returns what it returned and the time it returned."""
+    time.sleep(rng.uniform(0, poll))
+    result = commit()
+    return result, time.time()
 
 
 def scheduled(delay, rng, poll):
     """Schedule a probe run at a random point of the worker's poll (due
-    `delay` seconds later, if given); returns the run and the moment its
-    latency runs from."""
-    pause = rng.uniform(0, poll)
+    `delay` seconds later, if given, from when its latency runs)."""
     if delay is None:
-        time.sleep(pause)
-        run = schedule(workflows.pickup_probe)  # autocommit: committed on return
-        committed = time.time()
+        run, committed = at_random_point(rng, poll, lambda: schedule(workflows.pickup_probe))
     else:
-        run = schedule(workflows.pickup_probe, delay=delay + pause)
+        run = schedule(workflows.pickup_probe, delay=delay + rng.uniform(0, poll))
         committed = run.run_at.timestamp()  # from when it is due
-    return run, lambda: committed
+    return Sample(run.id, lambda: committed, lambda: wait_completed(run.id))
 
 
 def parked(run_id):
@@ -87,10 +104,20 @@ def wait_parked(run_id):
     wait_for(lambda: parked(run_id), TIMEOUT, "the probe run to park", interval=0.005)
 
 
+def wait_completed(run_id):
+    """Wait until the run `run_id` completed, so the next sample meets an
+    idle worker."""
+    wait_for(
+        lambda: Workflow.objects.filter(id=run_id, status="completed").exists(),
+        TIMEOUT,
+        "the probe run to complete",
+        interval=0.005,
+    )
+
+
 def woken(wake, rng, poll):
     """Schedule a probe run that parks (`wake`: ``message`` or ``result``),
-    wake it at a random point of the worker's poll; returns the run and the
-    moment its latency runs from, a function called once it has started."""
+    and wake it at a random point of the worker's poll."""
     probe = workflows.wake_probe if wake == "message" else workflows.result_probe
     run = schedule(probe)
     wait_parked(run.id)
@@ -99,28 +126,41 @@ def woken(wake, rng, poll):
         wait_for(lambda: Workflow.objects.filter(parent_id=run.id).exists(), TIMEOUT, "the child")
         target = Workflow.objects.get(parent_id=run.id).id
         wait_parked(target)
-    time.sleep(rng.uniform(0, poll))
-    send(target, "go")  # autocommit: committed on return
-    sent = time.time()
+    _, sent = at_random_point(rng, poll, lambda: send(target, "go"))
     if wake == "message":
-        return run, lambda: sent
-    return run, lambda: Workflow.objects.get(id=target).completed_at.timestamp()
+        return Sample(run.id, lambda: sent, lambda: wait_completed(run.id))
+    ended = lambda: Workflow.objects.get(id=target).completed_at.timestamp()  # noqa: E731
+    return Sample(run.id, ended, lambda: wait_completed(run.id))
+
+
+def floor_sample(listener, rng, poll):
+    """A row scheduled for the floor's listener at a random point of a poll."""
+    row, committed = at_random_point(rng, poll, listener.schedule)
+    return Sample(row, lambda: committed)
 
 
 def measure(
-    samples=200, poll=0.2, notify=True, log_dir=".", seed=1, delay=None, wake=None, limit=False
+    samples=200, poll=0.2, notify=True, log_dir=".", seed=1, delay=None, wake=None, floor=False
 ):
-    """The pickup's figures, in ms; with `limit`, no worker: the floor under
-    a pickup, a NOTIFY's commit to a claim's reply (`bench.pickup_limit`)."""
+    """The pickup's figures, in ms; with `floor`, no worker: the floor under
+    a pickup, a NOTIFY's commit to a claim's reply (`bench.pickup_floor`)."""
     rng = random.Random(seed)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{probe.getsockname()[1]}"
-        if limit:
-            with pickup_limit.Listener(address, log_dir) as listener:
-                delays = _sample(samples, probe, lambda: _limit_sample(listener, rng, poll))
+        if floor:
+            with pickup_floor.Listener(address, log_dir) as listener:
+                delays = take(samples, probe, lambda: floor_sample(listener, rng, poll))
         else:
-            delays = _pickups(samples, poll, notify, log_dir, delay, wake, rng, probe, address)
+            flags = ["--poll", str(poll)] + ([] if notify else ["--no-notify"])
+            url = os.environ["EVERYSTEP_DATABASE_URL"]
+            env = {workflows.PROBE_ADDRESS: address}
+            with Workers(1, flags, url, log_dir, prefix="bench-pickup", env=env) as group:
+                group.wait_ready()
+                if wake is None:
+                    delays = take(samples, probe, lambda: scheduled(delay, rng, poll))
+                else:
+                    delays = take(samples, probe, lambda: woken(wake, rng, poll))
     return {
         "samples": samples,
         "pickup_p50_ms": percentile(delays, 0.5) * 1e3,
@@ -130,51 +170,17 @@ def measure(
     }
 
 
-def _pickups(samples, poll, notify, log_dir, delay, wake, rng, probe, address):
-    """The pickups of probe runs by one idle worker, in seconds."""
-    flags = ["--poll", str(poll)] + ([] if notify else ["--no-notify"])
-    url = os.environ["EVERYSTEP_DATABASE_URL"]
-    env = {workflows.PROBE_ADDRESS: address}
-    with Workers(1, flags, url, log_dir, prefix="bench-pickup", env=env) as group:
-        group.wait_ready()
-
-        def one():
-            if wake is None:
-                run, since = scheduled(delay, rng, poll)
-            else:
-                run, since = woken(wake, rng, poll)
-            return run.id, since, lambda: _wait_completed(run.id)
-
-        return _sample(samples, probe, one)
+def take(samples, probe, start):
+    """`samples` latencies (seconds), after `WARM_UP` dropped: each `start()`s
+    a `Sample`, whose start time comes to `probe`."""
+    delays = [latency(probe, start()) for _ in range(WARM_UP + samples)]
+    return delays[WARM_UP:]
 
 
-def _limit_sample(listener, rng, poll):
-    """One sample of the pickup's limit, as `_sample` takes it."""
-    time.sleep(rng.uniform(0, poll))
-    row = listener.schedule()  # autocommit: committed on return
-    committed = time.time()
-    return row, lambda: committed, lambda: None
-
-
-def _sample(samples, probe, one):
-    """`samples` delays (seconds) after `WARM_UP` dropped: `one()` starts a
-    sample and returns its id, a function of the moment it runs from, and
-    one that waits until the sample is done with."""
-    delays = []
-    for index in range(WARM_UP + samples):
-        sample_id, since, done = one()
-        started = receive_start(probe, sample_id)
-        began = since()
-        done()
-        if index >= WARM_UP:
-            delays.append(started - began)
-    return delays
-
-
-def _wait_completed(run_id):
-    wait_for(
-        lambda: Workflow.objects.filter(id=run_id, status="completed").exists(),
-        TIMEOUT,
-        "the probe run to complete",
-        interval=0.005,
-    )
+def latency(probe, sample):
+    """Seconds from `sample`'s moment to its start (sent to `probe`), once
+    it is done with."""
+    started = receive_start(probe, sample.sender)
+    began = sample.since()
+    sample.done()
+    return started - began

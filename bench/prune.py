@@ -34,13 +34,12 @@ from django.db import connection, connections, transaction
 
 from bench import claims as claims_bench
 from bench import workflows
-from bench.common import Workers, percentile, wait_for
+from bench.common import Workers, percentile
 from bench.db import Dialect, analyze
-from bench.pickup import TIMEOUT, WARM_UP, receive_start, scheduled
+from bench.pickup import WARM_UP, latency, scheduled
 from everystep.control import actions
 from everystep.core import clock
 from everystep.db import claims, retention
-from everystep.models import Workflow
 
 DAY_MS = 86_400_000
 RETENTION = 30 * 86400.0  # seconds: prune --older-than 30d
@@ -140,15 +139,7 @@ class Pruning:
 
 def pickup(rng, probe, poll):
     """One probe run's pickup in seconds (`bench.pickup`), once it completed."""
-    run, since = scheduled(None, rng, poll)
-    started = receive_start(probe, run.id)
-    wait_for(
-        lambda: Workflow.objects.filter(id=run.id, status="completed").exists(),
-        TIMEOUT,
-        "the probe run to complete",
-        interval=0.005,
-    )
-    return started - since()
+    return latency(probe, scheduled(None, rng, poll))
 
 
 def measure(runs=1_000_000, samples=100, poll=0.2, log_dir=".", seed=1, timeout=1800):

@@ -304,7 +304,7 @@ def _pickup(t, get):
     if not present:
         return
     t.heading("pickup: schedule() commit to first step, idle worker, poll 0.2 s")
-    _pickup_limit(t, get)
+    _pickup_floor(t, get)
     _pickup_rows(t, get, present)
     wakes = [
         (backend, wake, f"{NAMES[backend]}, {label}")
@@ -365,16 +365,16 @@ def _many(t, get):
             )
 
 
-def _pickup_limit(t, get):
+def _pickup_floor(t, get):
     """The floor under a pickup, and the default pickup as a multiple of it."""
-    p, ours = "pickup.postgres.limit", "pickup.postgres.default"
+    p, ours = "pickup.postgres.floor", "pickup.postgres.default"
     for q in ("p50", "p99"):
         floor = get(f"{p}.pickup_{q}_ms")
         if floor is None:
             continue
         pickup = get(f"{ours}.pickup_{q}_ms")
         note = f"the pickup below is {pickup / floor:.2f}× this" if pickup else ""
-        label = f"PostgreSQL limit: a NOTIFY's commit to a claim's reply, raw psycopg {q}"
+        label = f"PostgreSQL floor: a NOTIFY's commit to a claim's reply, raw psycopg {q}"
         t.row(label, floor, "ms", floor / 1e3, "postgres", note)
 
 

@@ -58,16 +58,16 @@ def start(url, shiv_root, log_path, interpreter=None):
         worker.stop()
 
 
-def django_import(interpreter, shiv_root):
+def django_import(url, shiv_root, interpreter):
     """Seconds for `interpreter` to start and import Django's ORM and
     psycopg from the packages the zipapp extracted under `shiv_root`, their
-    bytecode written by its first start."""
+    bytecode written by its first start, in the zipapp's environment."""
     [site_packages] = shiv_root.glob("*/site-packages")
     path = f"import sys; sys.path.insert(0, {str(site_packages)!r})"
     code = f"{path}; import django.db.models, psycopg"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env = environment(url, shiv_root)
     began = time.perf_counter()
-    subprocess.run([str(interpreter), "-c", code], env=env, check=True)
+    subprocess.run([str(interpreter), "-c", code], env=env, check=True, timeout=60)
     return time.perf_counter() - began
 
 
@@ -91,7 +91,7 @@ def measure(url, workdir, repeat=3):
         cold.append(start(url, shiv_root, log))
         warm.append(start(url, shiv_root, log))
         warm_bare.append(start(url, shiv_root, log, bare / "bin" / "python3"))
-        floor.append(django_import(bare / "bin" / "python3", shiv_root))
+        floor.append(django_import(url, shiv_root, bare / "bin" / "python3"))
     return {
         "cold_start_s": median(cold),
         "warm_start_s": median(warm),

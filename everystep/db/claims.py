@@ -576,10 +576,12 @@ WITH RECURSIVE pairs(queue, priority) AS (
 # claim makes the claim durable too. In a caller's transaction, the
 # caller's commit is left as it is.
 #
-# The chosen runs are joined by primary key, which the planner looks up
-# whatever it knows of the table's size (a fresh table's generic plan
-# would scan it), and `set_config` is a subquery of no row, run once
-# rather than for every row the scan reads.
+# The chosen runs are joined by primary key, which lets the planner look
+# them up by it (the unlimited claim does so even on a table never
+# analyzed, where the old `id = ANY(…)` form was planned as a scan), and
+# `set_config` is a subquery of no row, run once per claim rather than for
+# every row a scan reads. It runs when no run is chosen too: such a commit
+# holds no write that needs durability.
 TAKE_CHOSEN = """
 UPDATE everystep_workflow
    SET status = 'running', claimed_by = %(worker)s, claim_token = %(token)s,
