@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from everystep import schedule
-from everystep.models import Workflow
+from everystep.models import Step, Workflow
 from tests import workflows
 from tests.helpers import wait_until
 from tests.test_worker_shutdown import opened, started
@@ -71,6 +71,7 @@ def test_an_embedded_worker_stops_with_stop_and_leaves_nothing_claimed(embedded_
         opened(tmp_path / str(n), "first")
     worker.thread.join(30)
     assert not worker.thread.is_alive() and not worker.abandoned
+    assert not any((tmp_path / str(n) / "second.started").exists() for n in range(3))
     assert not Workflow.objects.filter(status="running").exists()
     assert (
         sorted(
@@ -78,6 +79,26 @@ def test_an_embedded_worker_stops_with_stop_and_leaves_nothing_claimed(embedded_
         )
         == ["scheduled"] * 3
     )
+
+
+def test_once_stop_returns_no_new_step_starts_though_the_loop_has_not_turned(
+    embedded_worker, tmp_path
+):
+    run = schedule(workflows.gated, str(tmp_path))
+    worker = embedded_worker(name="stopping", pool_size=1, drain=30)
+    started(tmp_path, "first")
+    worker.stop()
+    # Read before the worker's loop has had a turn to see the request.
+    assert worker.health() == (True, False, "draining")
+    opened(tmp_path, "first")
+    worker.thread.join(30)
+    assert not worker.thread.is_alive() and not worker.abandoned
+    assert not (tmp_path / "second.started").exists()
+    assert Workflow.objects.get(id=run.id).status == Workflow.Status.SCHEDULED
+    # The step that ended after the stop is recorded; the next one never started.
+    assert list(Step.objects.filter(workflow_id=run.id).values_list("status", flat=True)) == [
+        Step.Status.DONE
+    ]
 
 
 @pytest.mark.backends("postgres")

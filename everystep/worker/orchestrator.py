@@ -66,7 +66,7 @@ class Worker:
         self.options = dataclasses.replace(options, name=options.name or socket.gethostname())
         self.name = self.options.name
         self._wakeup = Wakeup(self.options)
-        self._shutdown = Shutdown(self.options, self._wakeup.set)
+        self._shutdown = Shutdown(self.options, self._stop_requested)
         self._loops = Loops(self.name, self._wakeup.set)
         self._pool = Pool(self.options, self._wakeup.set, self._shutdown.requested)
         self._presence = Presence(self.options, self._pool)
@@ -89,8 +89,17 @@ class Worker:
         return self._shutdown.abandoned
 
     def stop(self):
-        """Ask the worker to drain and return; a second call cuts the drain short."""
+        """Ask the worker to drain and return; a second call cuts the drain
+        short. From the moment it returns no new step starts: each run in
+        flight is requeued at its next step boundary."""
         self._shutdown.request()
+
+    def _stop_requested(self):
+        """On each stop request (`stop()`, a signal): stop new steps at once,
+        rather than when the loop next turns (it may be in a claim), and wake
+        the loop to drain."""
+        self._pool.draining.set()
+        self._wakeup.set()
 
     def health(self):
         """``(alive, ready, reason)``, what the probes answer."""

@@ -8,12 +8,13 @@ running is requeued too; a worker that exits while the database is out of
 reach leaves its runs parked under its name for its next start, and says
 which.
 
-The first SIGTERM or SIGINT (or `Worker.stop()`) asks for a drain; a second
-one hurries it. A standalone worker (one whose loop owns the main thread,
-so it installed the signal handlers) also gets a last-resort deadline:
-``drain`` + `EXIT_GRACE` seconds after the first signal, if the worker has
-still not returned — a database that went silent under a blocked call —
-`on_deadline` runs (it names the runs left parked) and the process exits.
+The first SIGTERM or SIGINT (or `Worker.stop()`) asks for a drain, and from
+that moment no new step starts; a second one hurries it. A standalone worker
+(one whose loop owns the main thread, so it installed the signal handlers)
+also gets a last-resort deadline: ``drain`` + `EXIT_GRACE` seconds after the
+first signal, if the worker has still not returned — a database that went
+silent under a blocked call — `on_deadline` runs (it names the runs left
+parked) and the process exits.
 """
 
 import logging
