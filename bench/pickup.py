@@ -127,10 +127,14 @@ def woken(wake, rng, poll):
         target = Workflow.objects.get(parent_id=run.id).id
         wait_parked(target)
     _, sent = at_random_point(rng, poll, lambda: send(target, "go"))
-    if wake == "message":
-        return Sample(run.id, lambda: sent, lambda: wait_completed(run.id))
-    ended = lambda: Workflow.objects.get(id=target).completed_at.timestamp()  # noqa: E731
-    return Sample(run.id, ended, lambda: wait_completed(run.id))
+
+    def since():
+        """The message's commit, or the child's end (read once it ended)."""
+        if wake == "message":
+            return sent
+        return Workflow.objects.get(id=target).completed_at.timestamp()
+
+    return Sample(run.id, since, lambda: wait_completed(run.id))
 
 
 def floor_sample(listener, rng, poll):

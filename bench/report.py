@@ -76,18 +76,25 @@ def _git(*args):
 
 
 def _server_version(backend, url):
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
     try:
-        if backend == "postgres":
+        if backend in ("postgres", "pgbouncer"):
             import psycopg
 
+            if backend == "pgbouncer":
+                # PgBouncer's own version is on its admin console, which
+                # answers simple queries only.
+                url = parts._replace(path="/pgbouncer").geturl()
             with psycopg.connect(url.replace("postgres://", "postgresql://", 1)) as conn:
-                return conn.execute("SHOW server_version").fetchone()[0]
-        from urllib.parse import urlsplit
-
+                query = b"SHOW VERSION" if backend == "pgbouncer" else b"SHOW server_version"
+                return conn.pgconn.exec_(query).get_value(0, 0).decode()
         import pymysql
 
-        parts = urlsplit(url)
-        conn = pymysql.connect(host=parts.hostname, port=parts.port, user=parts.username)
+        conn = pymysql.connect(
+            host=parts.hostname, port=parts.port, user=parts.username, password=parts.password
+        )
         try:
             with conn.cursor() as cursor:
                 cursor.execute("SELECT VERSION()")
