@@ -11,15 +11,17 @@ from everystep.observe import logs
 SESSION_ALIAS = "everystep_session"
 
 
-def django_settings(env, *, workflows=(), ui=False):
+def django_settings(env, *, workflows=(), ui=False, sessions=True):
     """Settings for ``django.conf.settings.configure()``; `workflows` are the
     modules the everystep app imports when ready; `ui` adds what serving the
-    operator UI needs."""
+    operator UI needs; `sessions` installs the UI's sessions app, so that
+    the commands that migrate and check the database cover its table."""
+    # Sessions, for the UI's sign-ins: kept in the database, so a sign-out
+    # ends one for good and replicas share them.
+    apps = ["everystep", "django.contrib.sessions"] if sessions else ["everystep"]
     settings = {
         "DATABASES": {"default": database_settings(env.effective_database_url)},
-        # Sessions, for the UI's sign-ins: kept in the database, so a
-        # sign-out ends one for good and replicas share them.
-        "INSTALLED_APPS": ["everystep", "django.contrib.sessions", *env.installed_apps],
+        "INSTALLED_APPS": [*apps, *env.installed_apps],
         "EVERYSTEP_WORKFLOWS": list(workflows),
         # Django's @task functions in those modules run as everystep runs,
         # on any queue they name.

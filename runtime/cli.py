@@ -14,7 +14,7 @@ import sys
 import traceback
 
 from everystep_runtime.errors import Failure, UsageError
-from everystep_runtime.interpreter import mismatch
+from everystep_runtime.zipapp import leave_the_archive, mismatch
 
 from everystep.control.arguments import COMMANDS
 from everystep.core import clock
@@ -159,6 +159,7 @@ def main(argv=None):
     problem = mismatch()
     if problem:
         _fail(problem, 2)
+    leave_the_archive()
     argv = sys.argv[1:] if argv is None else argv
     try:
         _check_utf8(argv)

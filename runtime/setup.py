@@ -55,7 +55,11 @@ def configure(env, command):
     workflows = env.workflows if command in IMPORTS_WORKFLOWS else []
     sys.path[:0] = [os.path.abspath(entry) for entry in (env.path or [os.curdir])]
     if env.django_settings_module is None:
-        settings.configure(**django_settings(env, workflows=workflows, ui=command == "ui"))
+        # A worker signs no one in: without the sessions app it starts sooner.
+        sessions = command != "worker"
+        settings.configure(
+            **django_settings(env, workflows=workflows, ui=command == "ui", sessions=sessions)
+        )
         logging.config.dictConfig(logging_config(env))
     _init_sentry(env)
     _init_tracing(env)

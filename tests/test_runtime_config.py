@@ -321,6 +321,61 @@ def test_the_worker_refuses_an_unmigrated_server_database_and_sqlite_migrates_it
     assert run_pyz(pyz, "check", env=env, cwd=tmp_path).returncode == 0
 
 
+def test_a_worker_needs_only_everysteps_tables_and_check_still_covers_the_uis(
+    pyz, pyz_worker, tmp_path, empty_database_url
+):
+    """A worker signs no one in: it starts, and runs, on a database migrated
+    for everystep alone. `check` still counts the UI's sessions table."""
+    env = workflow_environment(empty_database_url)
+    migrated = run_pyz(pyz, "manage", "migrate", "everystep", env=env, cwd=tmp_path)
+    assert migrated.returncode == 0, migrated.stderr
+    worker = pyz_worker(env=env)
+    worker.wait_ready()
+    scheduled = run_pyz(pyz, "schedule", "quick", "1", env=env, cwd=tmp_path)
+    assert scheduled.returncode == 0, scheduled.stderr
+    run_id = scheduled.stdout.strip()
+
+    def status():
+        shown = run_pyz(pyz, "show", run_id, "--json", env=env, cwd=tmp_path)
+        return json.loads(shown.stdout)["status"]
+
+    wait_until(lambda: status() == "completed", timeout=60, interval=0.2)
+    stop(worker)
+    check = run_pyz(pyz, "check", env=env, cwd=tmp_path)
+    assert check.returncode == 1 and "1 migration(s) pending: run migrate" in check.stdout
+    assert run_pyz(pyz, "migrate", env=env, cwd=tmp_path).returncode == 0
+    assert run_pyz(pyz, "check", env=env, cwd=tmp_path).returncode == 0
+
+
+def test_a_started_zipapp_reads_its_packages_and_their_metadata_outside_its_archive(pyz, tmp_path):
+    """Once shiv has extracted them, the bundled packages and their metadata
+    are found where they were extracted; the archive is off the import path,
+    where every metadata lookup would read its whole directory again."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "flows.py").write_text(
+        "import importlib.metadata, os, sys\n"
+        "import django\n"
+        "archive = os.path.realpath(sys.argv[0])\n"
+        "print('archive on the path:', archive in map(os.path.realpath, sys.path))\n"
+        "print('django', importlib.metadata.version('django'), django.__version__)\n"
+        "print('from', django.__file__)\n"
+        "from everystep import workflow\n"
+        "@workflow\n"
+        "def hello():\n"
+        "    return 1\n"
+    )
+    env = workflow_environment(EVERYSTEP_WORKFLOWS="flows", EVERYSTEP_PATH=str(tmp_path / "mine"))
+    env["SHIV_ROOT"] = str(tmp_path / "shiv")
+    result = run_pyz(pyz, "check", env=env, cwd=tmp_path)
+    assert "flows.hello" in result.stdout, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert "archive on the path: False" in lines
+    [versions] = [line.split() for line in lines if line.startswith("django ")]
+    assert versions[1] == versions[2]
+    [origin] = [line for line in lines if line.startswith("from ")]
+    assert origin.startswith(f"from {tmp_path / 'shiv'}/") and "site-packages/django" in origin
+
+
 @pytest.fixture
 def empty_database_url(tmp_path):
     """A URL of a new, empty database on the test server (or a new SQLite file)."""
