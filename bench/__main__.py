@@ -91,6 +91,7 @@ SIZES = {  # name: (full, quick)
     "wake_samples": (60, 15),
     "claim_samples": (200, 50),
     "finished_runs": (1_000_000, 50_000),
+    "churned_runs": (20_000, 800),
     "prune_runs": (1_000_000, 50_000),
     "prune_samples": (100, 20),
     "ui_runs": (1_000_000, 50_000),
@@ -241,6 +242,7 @@ def plan(size):
             options={
                 "samples": size.claim_samples,
                 "finished": size.finished_runs,
+                "churned": size.churned_runs,
             },
         )
         for backend, name, url_query in claims

@@ -1,5 +1,7 @@
 """Database chores of the measurement subprocesses (Django set up)."""
 
+import contextlib
+
 from django.db import connection, transaction
 from django.db.models import Count
 
@@ -89,6 +91,21 @@ class Dialect:
 
     def concat(self, *parts):
         return f"CONCAT({', '.join(parts)})" if self.vendor == "mysql" else " || ".join(parts)
+
+
+@contextlib.contextmanager
+def autovacuum_off(table):
+    """Hold PostgreSQL's autovacuum off `table` meanwhile (elsewhere, nothing)."""
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
 
 
 def analyze(*tables, vacuum=False):

@@ -438,6 +438,12 @@ def _claims_of(t, get, p, title):
         if lone is not None:
             t.row(f"{label}, one run due tomorrow", lone, "µs", lone / 1e6)
         against = "the empty table" if lone is None else "the table holding one run due tomorrow"
+        churned = get(f"{p}.churned_{case}_us")
+        if churned is not None:
+            label_churned = (
+                f"{label}, {number(get(f'{p}.churned_runs'))} runs claimed since a vacuum"
+            )
+            _against(t, label_churned, churned, get(f"{p}.ratio_churned_{case}"), against)
         parked = get(f"{p}.parked_{case}_us")
         if parked is not None:
             parked_runs = number(get(f"{p}.parked_runs"))
