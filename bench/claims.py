@@ -4,37 +4,35 @@ parked in a wait, or runs waiting for a later time, pile up?
 `claims.claim(name, 8)` is timed on an idle queue (nothing due) and with 8
 runs scheduled, first with an empty table, then beside 10,000 runs parked
 waiting for a message (``receive()`` without a timeout: scheduled, due in
-the year 9999, then removed), then again after 1,000,000
-terminal runs (status ``completed``) were bulk-loaded by ``INSERT …
-SELECT`` statements that generate the rows in the database (100,000 a
-statement) and the table ANALYZEd (and the load's dirty pages flushed: a
-CHECKPOINT on PostgreSQL, so that its writes are not flushed under the
-timed claims), and then again after 1,000,000 scheduled runs due tomorrow
-and later (delayed starts, sleeps) were loaded the same way. Then, in
-that table, with limits: the default queue gets a concurrency limit too
-high to hold anything back, so that each claim locks its row and counts
-its running runs (the ratio is to the same claim without limits). Last,
-1,000,000 runs of another queue, due now, are loaded, and the claim of a
-worker serving only the default queue is timed. Each figure is
-the median of `samples` claims; the 8 runs are scheduled before and deleted
-after each timed claim. Beside the one run due tomorrow, the claims are
-timed again after `churned` more runs were scheduled, claimed 8 at a time
-and deleted, as a busy queue does between two vacuums of the table
-(autovacuum held off meanwhile on PostgreSQL, so that the figure does not
-depend on when it would have come by). Each ratio should stay under 1.5: that of the
-finished runs to the empty table; those of the runs scheduled for later
-(parked, due tomorrow) and of another queue's to the table holding one run
-due tomorrow. On SQLite and MariaDB a claim that knows a (queue, priority)
-pair reads its due runs, and one that knows none does not (the module
-`everystep.db.claims` says why): a single run due later makes the first
-claim that kind, so against it a ratio measures the pile alone. The
-baseline of a queue without limits is the claim everystep made before it
-had queues (`BASELINE`, timed on the empty table in this same
-run): the ratio of today's claim to it should stay near 1. The suite
-measures every backend, and PostgreSQL also without prepared statements
-(``?prepare_threshold=none``, as behind PgBouncer in transaction mode),
-where every claim is planned afresh.
-"""
+the year 9999, then removed), then again after 1,000,000 terminal runs
+(status ``completed``) were bulk-loaded by ``INSERT … SELECT`` statements
+that generate the rows in the database (100,000 a statement) and the table
+ANALYZEd (and the load's dirty pages flushed: a CHECKPOINT on PostgreSQL,
+so that its writes are not flushed under the timed claims), and then again
+after 1,000,000 scheduled runs due tomorrow and later (delayed starts,
+sleeps) were loaded the same way. Then, in that table, with limits: the
+default queue gets a concurrency limit too high to hold anything back, so
+that each claim locks its row and counts its running runs (the ratio is to
+the same claim without limits). Last, 1,000,000 runs of another queue, due
+now, are loaded, and the claim of a worker serving only the default queue
+is timed. Each figure is the median of `samples` claims; the 8 runs are
+scheduled before and deleted after each timed claim. Beside the one run
+due tomorrow, the claims are timed again after `churned` more runs were
+scheduled, claimed 8 at a time and deleted, as a busy queue does between
+two vacuums of the table (autovacuum held off meanwhile on PostgreSQL, so
+that the figure does not depend on when it would have come by). Each ratio
+should stay under 1.5: that of the finished runs to the empty table; those
+of the runs scheduled for later (parked, due tomorrow) and of another
+queue's to the table holding one run due tomorrow. On SQLite and MariaDB a
+claim that knows a (queue, priority) pair reads its due runs, and one that
+knows none does not (the module `everystep.db.claims` says why): a single
+run due later makes the first claim that kind, so against it a ratio
+measures the pile alone. The baseline of a queue without limits is the
+claim everystep made before it had queues (`BASELINE`, timed on the empty
+table in this same run): the ratio of today's claim to it should stay
+near 1. The suite measures every backend, and PostgreSQL also without
+prepared statements (``?prepare_threshold=none``, as behind PgBouncer in
+transaction mode), where every claim is planned afresh."""
 
 import time
 import uuid

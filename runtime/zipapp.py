@@ -8,10 +8,11 @@ compares it with the running interpreter before any of them is imported.
 
 Python runs a zipapp with the archive first on ``sys.path``. Once shiv has
 extracted the bundled packages and put them on the path, nothing is
-imported from the archive any more, but every lookup of an installed
-distribution (psycopg's binary build asks for its own version at import;
-OpenTelemetry and Sentry look up theirs) reads the archive's whole
-directory of thousands of files first: a tenth of a second of the start.
+imported from the archive any more, but every lookup of installed
+distributions (psycopg's binary build asks for its own version at import;
+OpenTelemetry finds its parts through entry points, Sentry lists the
+installed packages) reads the archive's whole directory of thousands of
+files first: a tenth of a second of the start.
 """
 
 import os
