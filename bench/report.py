@@ -438,12 +438,6 @@ def _claims_of(t, get, p, title):
         if lone is not None:
             t.row(f"{label}, one run due tomorrow", lone, "µs", lone / 1e6)
         against = "the empty table" if lone is None else "the table holding one run due tomorrow"
-        churned = get(f"{p}.churned_{case}_us")
-        if churned is not None:
-            label_churned = (
-                f"{label}, {number(get(f'{p}.churned_runs'))} runs claimed since a vacuum"
-            )
-            _against(t, label_churned, churned, get(f"{p}.ratio_churned_{case}"), against)
         parked = get(f"{p}.parked_{case}_us")
         if parked is not None:
             parked_runs = number(get(f"{p}.parked_runs"))
@@ -456,6 +450,12 @@ def _claims_of(t, get, p, title):
             full / 1e6,
             note=f"ratio {ratio:.2f}, target < 1.5: {verdict(ratio < 1.5)}",
         )
+        churned = get(f"{p}.churned_{case}_us")
+        if churned is not None:
+            runs = number(get(f"{p}.churned_runs"))
+            label_churned = f"{label}, the same, {runs} runs claimed since a vacuum"
+            ratio = get(f"{p}.ratio_churned_{case}")
+            _against(t, label_churned, churned, ratio, f"{finished} finished runs")
         future = get(f"{p}.future_{case}_us")
         if future is not None:
             label_future = f"{label}, and {finished} runs due tomorrow or later"
