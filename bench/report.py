@@ -75,20 +75,26 @@ def _git(*args):
     return result.stdout.strip() if result.returncode == 0 else None
 
 
+# Where each PostgreSQL-protocol server tells its version: the database of
+# the URL, or PgBouncer's admin console, which answers simple queries only
+# (hence the query is sent as one, to both).
+VERSION_QUERIES = {
+    "postgres": (None, b"SHOW server_version"),
+    "pgbouncer": ("/pgbouncer", b"SHOW VERSION"),
+}
+
+
 def _server_version(backend, url):
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     try:
-        if backend in ("postgres", "pgbouncer"):
+        if backend in VERSION_QUERIES:
             import psycopg
 
-            if backend == "pgbouncer":
-                # PgBouncer's own version is on its admin console, which
-                # answers simple queries only.
-                url = parts._replace(path="/pgbouncer").geturl()
-            with psycopg.connect(url.replace("postgres://", "postgresql://", 1)) as conn:
-                query = b"SHOW VERSION" if backend == "pgbouncer" else b"SHOW server_version"
+            path, query = VERSION_QUERIES[backend]
+            dsn = parts._replace(scheme="postgresql", path=path or parts.path).geturl()
+            with psycopg.connect(dsn) as conn:
                 return conn.pgconn.exec_(query).get_value(0, 0).decode()
         import pymysql
 
