@@ -19,7 +19,7 @@ ARG BASE=python:3.12-slim
 
 FROM ${BASE} AS build
 WORKDIR /src
-COPY scripts/build-pyz scripts/unpack-pyz scripts/
+COPY scripts/build-pyz scripts/pyz-main.py scripts/unpack-pyz scripts/
 COPY pyproject.toml ./
 # README.md is the package's long description and nothing else: left out of
 # the build context (.dockerignore), so editing it rebuilds nothing.

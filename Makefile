@@ -16,7 +16,7 @@ VENV_PYTHON ?= $(shell scripts/find-python)
 PYTHON ?= python3
 VENV := .venv
 PYZ := dist/everystep.pyz
-PYZ_SOURCES := pyproject.toml scripts/build-pyz $(shell find everystep config runtime -type f -not -path '*/__pycache__/*')
+PYZ_SOURCES := pyproject.toml scripts/build-pyz scripts/pyz-main.py $(shell find everystep config runtime -type f -not -path '*/__pycache__/*')
 BACKENDS ?= postgres mariadb sqlite pgbouncer
 PYTEST_ARGS ?=
 
@@ -65,7 +65,7 @@ bench: venv $(PYZ) .venv-bench-peers/.installed
 	touch $@
 
 lint: venv
-	$(VENV)/bin/ruff check everystep config runtime tests bench examples
+	$(VENV)/bin/ruff check everystep config runtime tests bench examples scripts/pyz-main.py
 
 clean:
 	rm -rf $(VENV) .venv-bench-peers dist build *.egg-info .pytest_cache .ruff_cache .run

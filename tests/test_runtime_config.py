@@ -376,6 +376,83 @@ def test_a_started_zipapp_reads_its_packages_and_their_metadata_outside_its_arch
     assert origin.startswith(f"from {tmp_path / 'shiv'}/") and "site-packages/django" in origin
 
 
+def test_a_zipapp_worker_runs_its_workflows_with_the_collector_on_and_its_start_frozen(
+    pyz, pyz_worker, tmp_path
+):
+    """The collector is held off while the process loads its code, then
+    turned back on: the steps of a run find it on, and what the start loaded
+    out of its reach (frozen)."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "flows.py").write_text(
+        "import gc\n"
+        "from everystep import step, workflow\n"
+        "@step\n"
+        "def collector():\n"
+        "    return {'enabled': gc.isenabled(), 'frozen': gc.get_freeze_count()}\n"
+        "@workflow\n"
+        "def garbage():\n"
+        "    return collector()\n"
+    )
+    env = workflow_environment(EVERYSTEP_WORKFLOWS="flows", EVERYSTEP_PATH=str(tmp_path / "mine"))
+    env["SHIV_ROOT"] = str(tmp_path / "shiv")
+    worker = pyz_worker(env=env)
+    worker.wait_ready()
+    scheduled = run_pyz(pyz, "schedule", "flows.garbage", env=env, cwd=tmp_path)
+    assert scheduled.returncode == 0, scheduled.stderr
+    run_id = scheduled.stdout.strip()
+
+    def finished():
+        shown = json.loads(run_pyz(pyz, "show", run_id, "--json", env=env, cwd=tmp_path).stdout)
+        return shown if shown["status"] in ("completed", "failed") else None
+
+    shown = wait_until(finished, timeout=60, interval=0.2)
+    stop(worker)
+    assert shown["status"] == "completed", shown
+    assert shown["result"]["enabled"] is True
+    # Django, the drivers, everystep: tens of thousands of objects.
+    assert shown["result"]["frozen"] > 20_000, shown["result"]
+
+
+# Counts the archives `zipfile` opens while the zipapp named by argv[1] runs.
+OPENED_WITH_ZIPFILE = """
+import runpy, sys, zipfile
+opened = []
+open_archive = zipfile.ZipFile.__init__
+def counted(self, file, *args, **kwargs):
+    opened.append(str(file))
+    open_archive(self, file, *args, **kwargs)
+zipfile.ZipFile.__init__ = counted
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    print("opened with zipfile:", opened, file=sys.stderr)
+"""
+
+
+def test_the_zipapp_opens_its_archive_only_to_extract_it(pyz, tmp_path):
+    """Python reads the archive's directory to start it; once its packages
+    are extracted, no start reads that directory again."""
+    env = clean_environment(SHIV_ROOT=str(tmp_path / "shiv"))
+
+    def start():
+        result = subprocess.run(
+            ["python3", "-c", OPENED_WITH_ZIPFILE, str(pyz), "--version"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0 and result.stdout.startswith("everystep "), result.stderr
+        return result.stderr.strip().splitlines()[-1]
+
+    assert start() == f"opened with zipfile: {[str(pyz)]}"  # the first: extracted
+    assert list((tmp_path / "shiv").glob("*/site-packages/django"))
+    assert start() == "opened with zipfile: []"
+    assert start() == "opened with zipfile: []"
+
+
 @pytest.fixture
 def empty_database_url(tmp_path):
     """A URL of a new, empty database on the test server (or a new SQLite file)."""
