@@ -382,35 +382,17 @@ def test_a_zipapp_worker_runs_its_workflows_with_the_collector_on_and_its_start_
     """The collector is held off while the process loads its code, then
     turned back on: the steps of a run find it on, and what the start loaded
     out of its reach (frozen)."""
-    (tmp_path / "mine").mkdir()
-    (tmp_path / "mine" / "flows.py").write_text(
-        "import gc\n"
-        "from everystep import step, workflow\n"
-        "@step\n"
-        "def collector():\n"
-        "    return {'enabled': gc.isenabled(), 'frozen': gc.get_freeze_count()}\n"
-        "@workflow\n"
-        "def garbage():\n"
-        "    return collector()\n"
-    )
-    env = workflow_environment(EVERYSTEP_WORKFLOWS="flows", EVERYSTEP_PATH=str(tmp_path / "mine"))
-    env["SHIV_ROOT"] = str(tmp_path / "shiv")
+    env = workflow_environment()
     worker = pyz_worker(env=env)
     worker.wait_ready()
-    scheduled = run_pyz(pyz, "schedule", "flows.garbage", env=env, cwd=tmp_path)
+    scheduled = run_pyz(pyz, "schedule", "collector_state", env=env, cwd=tmp_path)
     assert scheduled.returncode == 0, scheduled.stderr
-    run_id = scheduled.stdout.strip()
-
-    def finished():
-        shown = json.loads(run_pyz(pyz, "show", run_id, "--json", env=env, cwd=tmp_path).stdout)
-        return shown if shown["status"] in ("completed", "failed") else None
-
-    shown = wait_until(finished, timeout=60, interval=0.2)
+    run = Workflow.objects.get(id=scheduled.stdout.strip())
+    wait_until(lambda: Workflow.objects.get(id=run.id).status == "completed", timeout=60)
     stop(worker)
-    assert shown["status"] == "completed", shown
-    assert shown["result"]["enabled"] is True
-    # Django, the drivers, everystep: tens of thousands of objects.
-    assert shown["result"]["frozen"] > 20_000, shown["result"]
+    result = Workflow.objects.get(id=run.id).result
+    assert result["enabled"] is True
+    assert result["frozen"] > 20_000, result  # Django, the drivers, everystep
 
 
 # Counts the archives `zipfile` opens while the zipapp named by argv[1] runs.

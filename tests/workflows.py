@@ -588,3 +588,16 @@ def journal(path, key):
 def journaled(path, n, steps):
     """`steps` journaled steps: each execution of each leaves one line."""
     return [journal(path, f"{n}:{i}") for i in range(steps)]
+
+
+@step
+def garbage_collector():
+    """The garbage collector's state in the process that runs this step."""
+    import gc
+
+    return {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}
+
+
+@workflow
+def collector_state():
+    return garbage_collector()
