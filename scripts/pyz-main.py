@@ -48,7 +48,8 @@ def current_zipfile():
         archive.close()
 
 
-# Run from an archive, always, but for a copy someone unzipped: shiv's own way.
+# Python imports this file from the archive through a zipimporter; run from
+# an unzipped copy instead, it leaves shiv's bootstrap as shiv wrote it.
 if isinstance(__loader__, zipimport.zipimporter):
     _bootstrap.current_zipfile = current_zipfile
 _bootstrap.bootstrap()
