@@ -10,9 +10,6 @@ from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# Django, the drivers and everystep, loaded at the start: tens of thousands.
-LOADED_AT_THE_START = 20_000
-
 
 def finished(run):
     row = Workflow.objects.get(id=run.id)
@@ -30,4 +27,4 @@ def test_a_worker_freezes_what_its_start_loaded_and_runs_steps_with_the_collecto
     row = wait_until(lambda: finished(run), timeout=60, message="the run to finish")
     assert row.status == Workflow.Status.COMPLETED, (row.error, worker.log())
     assert row.result["enabled"] is True
-    assert row.result["frozen"] > LOADED_AT_THE_START, row.result
+    assert row.result["frozen"] > workflows.FROZEN_AT_THE_START, row.result

@@ -590,6 +590,11 @@ def journaled(path, n, steps):
     return [journal(path, f"{n}:{i}") for i in range(steps)]
 
 
+# What a worker's start loads (Django, the drivers, everystep) is tens of
+# thousands of objects: more than this many are frozen once it has started.
+FROZEN_AT_THE_START = 20_000
+
+
 @step
 def garbage_collector():
     """The garbage collector's state in the process that runs this step."""
