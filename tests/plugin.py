@@ -32,6 +32,7 @@ POOLED_MODULES = (
     "test_worker_shutdown.py",
     "test_crash_window.py",
     "test_orphans.py",
+    "test_libpq.py",
 )
 
 

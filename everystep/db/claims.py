@@ -738,8 +738,7 @@ def _claim_in_one_round_trip(worker_name, limit, workflows, served, token, now, 
             rows = _pipelined(db, statements)
         else:
             [(statement, statement_params)] = statements
-            with db.wrap_database_errors:
-                rows = db.connection.execute(statement, statement_params).fetchall()
+            rows = sql.fetch(db, statement, statement_params)
     return claimed_from_returning(rows, worker_name, token)
 
 

@@ -14,24 +14,33 @@ from everystep.core import serde
 
 
 def execute(db, sql, params):
-    """Run `sql` on the driver's own cursor of the connection `db` and return
-    its row count: the step writes skip Django's cursor layer, which costs a
-    step more than the rest of the engine's Python. Errors are still
+    """Run `sql` on the driver's own connection `db` and return its row
+    count: the engine's own statements skip Django's cursor layer, which
+    costs a step more than the rest of the engine's Python, and on
+    PostgreSQL psycopg's cursor too (`everystep.db.libpq`). Errors are still
     Django's, execute wrappers still see the statement, and Django's query
     log (DEBUG, tests) still gets it, through Django's own cursor."""
-    return _run(db, sql, params, lambda cursor: cursor.rowcount)
+    return _run(db, sql, params, _rowcount)
 
 
 def fetch(db, sql, params):
-    """Run `sql` as `execute` does, and return its rows."""
-    return _run(db, sql, params, lambda cursor: cursor.fetchall())
+    """Run `sql` as `execute` does, and return its rows as tuples."""
+    return _run(db, sql, params, _rows)
 
 
-def _run(db, sql, params, result):
+def _rowcount(cursor):
+    return cursor.rowcount
+
+
+def _rows(cursor):
+    return cursor.fetchall()
+
+
+def _run(db, sql, params, read):
     if db.queries_logged:
         with db.cursor() as cursor:
             cursor.execute(sql, params)
-            return result(cursor)
+            return read(cursor)
     if db.connection is None:
         db.ensure_connection()
     raw = db.connection
@@ -39,14 +48,24 @@ def _run(db, sql, params, result):
     if cached is None or cached[0] is not raw:
         cached = db._everystep_cursor = (raw, raw.cursor())
     cursor = cached[1]
-    if db.vendor == "sqlite":
+    send = _driver_execute
+    if db.vendor == "postgresql":
+        # What `read` reads, or None when the statement ran on the cursor.
+        send = _through_libpq(read is _rows)
+    elif db.vendor == "sqlite":
         sql = _qmark(sql)  # the driver's own placeholders
-    execute = _driver_execute
     for wrapper in reversed(db.execute_wrappers):
-        execute = functools.partial(wrapper, execute)
+        send = functools.partial(wrapper, send)
     with db.wrap_database_errors:
-        execute(sql, params, False, {"connection": db, "cursor": cursor})
-        return result(cursor)
+        sent = send(sql, params, False, {"connection": db, "cursor": cursor})
+        return read(cursor) if sent is None else sent
+
+
+@functools.cache
+def _through_libpq(rows):
+    from everystep.db import libpq  # psycopg is installed only where PostgreSQL is used
+
+    return libpq.fetch if rows else libpq.execute
 
 
 @functools.cache
