@@ -176,6 +176,8 @@ def test_the_probes_follow_the_worker_from_ready_to_draining(spawn_worker, tmp_p
 
     run = schedule(workflows.gated, str(tmp_path))
     started(tmp_path, "first")
+    inflight = "everystep_worker_inflight"
+    assert value(samples(get(worker.metrics_port, "/metrics")[1]), inflight, runner="probed") == 1
     worker.send(signal.SIGTERM)
     # Draining: alive, but out of rotation until the step finishes.
     wait_until(lambda: get(worker.metrics_port, "/readyz") == (503, "draining\n"))

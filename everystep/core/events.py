@@ -48,6 +48,7 @@ EVENTS = {
         INFO,
         "worker {worker} ready: pool {pool_size}, poll {poll}s, drain {drain}s, "
         "database {vendor}, {wakeup}",
+        hidden=("in_flight",),
     ),
     "name_wait": Event(
         WARNING, "worker name {worker} is held by a live worker; waiting {wait} for it to exit"

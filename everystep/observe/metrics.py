@@ -138,17 +138,12 @@ def _step_retrying(fields):
 def _claim(fields):
     runner = fields["worker"]
     CLAIMS.labels(runner).inc(fields["count"])
-    IN_FLIGHT.labels(runner).inc(fields["count"])
     if fields["taken_back"]:
         return  # parked long ago: no pickup delay
     now = time.time()
     for run in fields["runs"]:
         if run.due_at is not None:
             PICKUP_DELAY.labels(run.fence.workflow).observe(max(0.0, now - run.due_at.timestamp()))
-
-
-def _attempt_ended(fields):
-    IN_FLIGHT.labels(fields["worker"]).dec()
 
 
 def _requeued(fields):
@@ -166,6 +161,8 @@ def _worker_starting(fields):
 
 def _worker_ready(fields):
     POOL_SIZE.labels(fields["worker"]).set(fields["pool_size"])
+    # Read when scraped: exact, and no cost to a run.
+    IN_FLIGHT.labels(fields["worker"]).set_function(fields["in_flight"])
 
 
 def _message_sent(fields):
@@ -195,7 +192,6 @@ on_event = {
     "step_recorded": _step_recorded,
     "step_retrying": _step_retrying,
     "claim": _claim,
-    "attempt_ended": _attempt_ended,
     "run_requeued": _requeued,
     "worker_starting": _worker_starting,
     "worker_ready": _worker_ready,

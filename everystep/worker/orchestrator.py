@@ -242,6 +242,7 @@ class Worker:
             drain=self.options.drain,
             vendor=connection.vendor,
             wakeup="woken by LISTEN/NOTIFY" if listening else "polling",
+            in_flight=self._pool.in_flight.__len__,
         )
         self._presence.report(WorkerRow.State.READY)
 
