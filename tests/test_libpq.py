@@ -57,6 +57,23 @@ def test_a_run_prepares_its_statements_and_runs_again_once_they_are_dropped():
 
 
 @pytest.mark.backends("postgres")
+def test_nothing_is_prepared_on_a_connection_with_client_side_binding():
+    options = {**connection.settings_dict["OPTIONS"], "server_side_binding": False}
+    client_side = connection.copy()
+    client_side.settings_dict = {**connection.settings_dict, "OPTIONS": options}
+    try:
+        for n in range(12):  # more than the threshold's 5
+            insert = "INSERT INTO everystep_queue (name, declared_at) VALUES (%s, now())"
+            assert sql.execute(client_side, insert, [f"queue {n}"]) == 1
+        with client_side.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+            assert cursor.fetchone() == (0,)
+    finally:
+        client_side.close()
+    assert Queue.objects.count() == 12
+
+
+@pytest.mark.backends("postgres")
 def test_statements_past_the_cap_are_sent_unnamed(monkeypatch):
     connection.close()  # a new connection, with nothing prepared yet
     monkeypatch.setattr(libpq, "MAX_PREPARED", 0)

@@ -10,8 +10,9 @@ step's record, a run's move, the claim) run once per step or per pickup, so
 they go straight to the driver's libpq connection: each is prepared once per
 connection (once it has run ``prepare_threshold`` times, as psycopg does)
 and executed with `PGconn.exec_prepared`, which waits in libpq with the GIL
-released. Behind a pooler that must not see named statements (the
-connection's ``prepare_threshold`` is None) it is always sent unnamed.
+released. Where psycopg would prepare nothing (``prepare_threshold`` None,
+as a worker sets it behind a pooler, or client-side binding, Django's
+default) it is always sent unnamed.
 
 The parameters are dumped, and the rows loaded, by psycopg's own
 `Transformer` on the connection's adapters, so every value reads and writes
@@ -26,7 +27,7 @@ import functools
 import itertools
 import re
 
-from psycopg import OperationalError, errors, pq
+from psycopg import ClientCursor, OperationalError, errors, pq
 from psycopg.adapt import PyFormat, Transformer
 
 _FAILED = (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR)
@@ -73,7 +74,7 @@ def _sent(cursor, sql, params):
     transformer = _transformer(raw)
     data = transformer.dump_sequence(values, [PyFormat.AUTO] * len(values))
     types, formats = tuple(transformer.types), transformer.formats
-    name = None if raw.prepare_threshold is None else _prepared_name(raw, query, types)
+    name = None if not _prepares(cursor) else _prepared_name(raw, query, types)
     if name is None:
         result = pgconn.exec_params(query, data, types, formats)
     else:
@@ -86,6 +87,13 @@ def _sent(cursor, sql, params):
     if result.status in _FAILED:
         raise _error(raw, result)
     return result
+
+
+def _prepares(cursor):
+    """Whether psycopg would prepare statements on `cursor`'s connection:
+    not with client-side binding (Django's default, often chosen for a
+    pooler), nor with ``prepare_threshold`` None."""
+    return cursor.connection.prepare_threshold is not None and not isinstance(cursor, ClientCursor)
 
 
 def _prepared_name(raw, query, types):
