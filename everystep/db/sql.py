@@ -1,6 +1,7 @@
 """What the engine's raw SQL needs: parameters adapted to each backend,
-values read back as Python, and the driver's own cursor for the statements
-that run once per step.
+values read back as Python, and the driver's own cursor (on PostgreSQL,
+libpq itself: `everystep.db.libpq`) for the statements that run once per
+step.
 """
 
 import datetime
