@@ -42,6 +42,25 @@ def test_a_delayed_run_is_not_claimed_before_its_time(moved_clock):
     assert claimed.due_at == run.run_at
 
 
+def test_a_run_that_falls_due_while_the_worker_claims_is_claimed_at_once():
+    """A worker notified of a run due later claims it when it falls due. If
+    that moment passes while the worker is busy claiming (after it looked
+    at its due times, before it waits again), its wait ends at once: the
+    run is not left for a poll later."""
+    from everystep.worker.options import WorkerOptions
+    from everystep.worker.wakeup import Wakeup
+
+    wakeup = Wakeup(WorkerOptions())
+    wakeup.notified(str(time.time() + 0.05))
+    wakeup.clear()  # the loop's turn begins,
+    assert wakeup.take_notified() is None  # looks (not due yet) and claims
+    time.sleep(0.06)  # the claim takes until the run is due
+    began = time.monotonic()
+    wakeup.wait(5.0)  # the poll's wait
+    assert time.monotonic() - began < 1.0
+    assert wakeup.take_notified() is not None
+
+
 def test_run_at_and_a_timedelta_delay_set_the_same_rule(moved_clock):
     later = moved_clock.moment + datetime.timedelta(hours=2)
     by_time = schedule(workflows.quick, 1, run_at=later)

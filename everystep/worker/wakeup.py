@@ -103,9 +103,13 @@ class Wakeup:
         self._event.clear()
 
     def wait(self, seconds):
-        """Wait up to `seconds`, less if a notified run falls due sooner."""
+        """Wait up to `seconds`, less if a notified run falls due sooner, and
+        not at all if one fell due since the loop last looked (while it
+        claimed): its turn is now, not a poll later."""
         self._pop_due()
         with self._due_lock:
+            if self._word is not None:
+                return
             if self._due_times:
                 seconds = min(seconds, self._due_times[0][0] - time.monotonic())
         self._event.wait(seconds)
