@@ -30,11 +30,15 @@ def claimed_ids(worker):
 
 
 def run_all_with_workers(spawn_worker, runs_count, workers_count, *args):
-    runs = [schedule(workflows.quick, n).id for n in range(runs_count)]
+    """Start the workers, and once every one is ready (a slow start would
+    leave it nothing to claim), schedule the runs and let them drain."""
     workers = [
         spawn_worker(f"claimer-{i}", "--pool", "4", "--poll", "0.05", *args)
         for i in range(workers_count)
     ]
+    for worker in workers:
+        worker.wait_ready()
+    runs = [schedule(workflows.quick, n).id for n in range(runs_count)]
     wait_until(
         lambda: Workflow.objects.filter(status="completed").count() == runs_count,
         timeout=240,
