@@ -52,7 +52,7 @@ def fetch(sql, params, many, context):
     result = _sent(cursor, sql, params)
     if result is None:
         return None
-    transformer = _transformer(cursor.connection)
+    transformer = _state_of(cursor).transformer
     transformer.set_pgresult(result)
     try:
         return transformer.load_rows(0, result.ntuples, tuple)
@@ -71,10 +71,11 @@ def _sent(cursor, sql, params):
         return None
     query, names = _numbered(sql)
     values = params if names is None else [params[name] for name in names]
-    transformer = _transformer(raw)
+    state = _state_of(cursor)
+    transformer = state.transformer
     data = transformer.dump_sequence(values, [PyFormat.AUTO] * len(values))
     types, formats = tuple(transformer.types), transformer.formats
-    name = None if not _prepares(cursor) else _prepared_name(raw, query, types)
+    name = _prepared_name(raw, state, query, types) if state.prepares else None
     if name is None:
         result = pgconn.exec_params(query, data, types, formats)
     else:
@@ -89,14 +90,7 @@ def _sent(cursor, sql, params):
     return result
 
 
-def _prepares(cursor):
-    """Whether psycopg would prepare statements on `cursor`'s connection:
-    not with client-side binding (Django's default, often chosen for a
-    pooler), nor with ``prepare_threshold`` None."""
-    return cursor.connection.prepare_threshold is not None and not isinstance(cursor, ClientCursor)
-
-
-def _prepared_name(raw, query, types):
+def _prepared_name(raw, state, query, types):
     """The name `query` is prepared under on `raw`; None while it is to be
     sent unnamed. As psycopg does, a statement is prepared once it has run
     more than the connection's ``prepare_threshold`` times (0: at once),
@@ -104,7 +98,6 @@ def _prepared_name(raw, query, types):
     name = _names.get((query, types))
     if name is None:
         name = _names.setdefault((query, types), f"everystep_{next(_numbers)}".encode())
-    state = _state_of(raw)
     if name in state.prepared:
         return name
     runs = state.runs[name] = state.runs.get(name, 0) + 1
@@ -122,32 +115,32 @@ def _prepare(raw, name, query, types):
 
 
 class _State:
-    """What the engine's statements left on one connection: the names
-    prepared there, and how many times each statement not yet prepared ran."""
+    """What the engine's statements keep on one connection (used by one
+    thread at a time): a psycopg `Transformer` on its adapters; whether
+    psycopg would prepare statements there (not with client-side binding,
+    Django's default and often chosen for a pooler, nor with
+    ``prepare_threshold`` None); the names prepared there, and how many
+    times each statement not yet prepared ran."""
 
-    __slots__ = ("prepared", "runs")
+    __slots__ = ("transformer", "prepares", "prepared", "runs")
 
-    def __init__(self):
+    def __init__(self, cursor):
+        raw = cursor.connection
+        self.transformer = Transformer.from_context(raw)
+        self.prepares = raw.prepare_threshold is not None and not isinstance(cursor, ClientCursor)
         self.prepared = set()
         self.runs = {}
 
 
-def _state_of(raw):
+def _state_of(cursor):
+    """The `_State` of `cursor`'s connection, made at its first statement
+    (a connection's cursor factory and threshold are set when it opens)."""
+    raw = cursor.connection
     try:
         return raw._everystep_statements
     except AttributeError:
-        raw._everystep_statements = _State()
+        raw._everystep_statements = _State(cursor)
         return raw._everystep_statements
-
-
-def _transformer(raw):
-    """A psycopg `Transformer` on `raw`'s adapters, one per connection (a
-    connection is used by one thread at a time)."""
-    try:
-        return raw._everystep_transformer
-    except AttributeError:
-        raw._everystep_transformer = Transformer.from_context(raw)
-        return raw._everystep_transformer
 
 
 def _error(raw, result):
