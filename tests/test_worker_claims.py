@@ -1,8 +1,11 @@
-"""Claims: concurrent workers take disjoint runs; connections stay bounded;
-a claim's own commit waits for no disk."""
+"""Claims: concurrent workers take disjoint runs; a busy pool claims the
+runs left a few at a time, and never leaves them waiting for its poll;
+connections stay bounded; a claim's own commit waits for no disk."""
 
 import re
 import signal
+import threading
+import time
 import uuid
 
 import pytest
@@ -10,8 +13,12 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from everystep import schedule
+from everystep.core.fence import Fence
 from everystep.db import claims
 from everystep.models import Step, Workflow
+from everystep.worker.claimer import BATCH_WINDOW, Claimer
+from everystep.worker.options import WorkerOptions
+from everystep.worker.pool import Pool
 from tests import workflows
 from tests.helpers import wait_until
 
@@ -69,6 +76,53 @@ def test_concurrent_workers_on_sqlite_claim_exclusively(spawn_worker):
     claims = [run_id for worker in workers for run_id in claimed_ids(worker)]
     assert sorted(claims) == sorted(str(r) for r in runs)
     assert Step.objects.count() == 2 * 100
+
+
+def test_a_busy_pool_waits_moments_for_a_second_free_slot_before_claiming_the_runs_left():
+    options = WorkerOptions(pool_size=8, name="batcher")
+    pool = Pool(options, lambda: None, threading.Event())  # its threads are not started
+    claimer = Claimer(options, pool, None, None, lambda: 1.0)
+
+    def hold(count):
+        for _ in range(count):
+            fence = Fence(uuid.uuid4(), "tests.workflows.quick", uuid.uuid4(), options.name)
+            pool.submit(claims.ClaimedRun(fence, [1], False, timezone.now(), None, False))
+
+    assert claimer.backlog_in() == 0, "an idle pool claims at once"
+    hold(6)
+    assert claimer.backlog_in() == 0, "a quarter of the pool free: at once"
+    hold(1)
+    began = time.monotonic()
+    assert 0 < claimer.backlog_in() <= BATCH_WINDOW, "one slot free: it waits for company"
+    wait_until(lambda: claimer.backlog_in() == 0, timeout=5, interval=0.001)
+    assert time.monotonic() - began >= BATCH_WINDOW * 0.99  # a monotonic clock's rounding
+    hold(1)
+    assert claimer.backlog_in() == 0, "a full pool turns at once (and claims nothing)"
+    claimer.may_find_more = False
+    assert claimer.backlog_in() is None, "the last claim left nothing"
+
+
+def test_a_single_free_slot_still_claims_the_runs_left_long_before_the_poll(spawn_worker, tmp_path):
+    for n in range(8):
+        schedule(workflows.held, str(tmp_path), f"held-{n}")
+    worker = spawn_worker("batcher", "--pool", "8", "--poll", "60").wait_ready()
+    wait_until(
+        lambda: len(list(tmp_path.glob("held-*.started"))) == 8,
+        timeout=60,
+        message="the pool full of held runs",
+    )
+    quick = [schedule(workflows.quick, n).id for n in range(3)]
+    (tmp_path / "held-0.go").write_text("")  # one slot frees; seven runs stay held
+    wait_until(
+        lambda: Workflow.objects.filter(id__in=quick, status="completed").count() == 3,
+        timeout=30,  # the poll is 60 s: only the claims of the runs left take them
+        message="the runs left claimed one at a time by the one free slot",
+    )
+    assert Workflow.objects.filter(status="running").count() == 7
+    for n in range(1, 8):
+        (tmp_path / f"held-{n}.go").write_text("")
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0, worker.log()
 
 
 def server_connections():

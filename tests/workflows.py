@@ -268,6 +268,12 @@ def gated(directory):
     return [gate(directory, "first"), gate(directory, "second")]
 
 
+@workflow
+def held(directory, label):
+    """One step held at the gate `label` the test opens."""
+    return gate(directory, label)
+
+
 @step(unsafe_to_repeat=True)
 def charge_at_gate(directory):
     """An unsafe step held at the gate ``charge``: a run interrupted in it

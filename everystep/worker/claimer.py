@@ -21,6 +21,10 @@ from everystep.db import claims, runs
 from everystep.resilience import classify, deadline, local, outage, sessions, transient
 
 TAKE_BACK_INTERVAL = 30.0  # seconds between take-backs of runs parked under this name
+#: A busy pool claims the runs left in the queue once this share of it is
+#: free (a quarter), or once its first free slot has waited `BATCH_WINDOW`.
+BATCH_SHARE = 4
+BATCH_WINDOW = 0.005  # seconds
 LOOP_ERROR_LOG_INTERVAL = 10.0  # at most one traceback of a loop error this often
 
 
@@ -44,6 +48,8 @@ class Claimer:
         self._delays = None  # the backoff while the claims fail
         self._error_logged = 0.0
         self._ticker = cron.Ticker(registry.schedules())
+        self._batch = max(1, pool.size // BATCH_SHARE)  # the free slots a busy pool waits for
+        self._batch_since = None  # when the room a busy pool has began to wait for company
 
     @property
     def take_back_due(self):
@@ -55,11 +61,31 @@ class Claimer:
         """Whether the next turn takes back the runs parked under the name."""
         return self._take_back
 
+    def backlog_in(self):
+        """Seconds until the runs the last claim may have left are claimed
+        (0: now), or None when it left none. An idle or a full pool claims
+        at once (a full one claims nothing). A busy one waits for company:
+        it claims once `BATCH_SHARE` of it is free or its first free slot
+        has waited `BATCH_WINDOW`, since one claim of several runs costs the
+        worker and the database less than several claims of one."""
+        if not self.may_find_more:
+            self._batch_since = None
+            return None
+        capacity = self._pool.capacity
+        if not self._pool.in_flight or capacity <= 0 or capacity >= self._batch:
+            self._batch_since = None
+            return 0.0
+        now = time.monotonic()
+        if self._batch_since is None:
+            self._batch_since = now
+        return max(0.0, self._batch_since + BATCH_WINDOW - now)
+
     def turn(self):
         """One turn: returns ``(claimed runs, seconds to wait before the
         next turn)`` — the poll interval, 0 while a take-back may find more,
         or a backoff while the database fails. Raises `NameLost`."""
         self._presence.turn_due_in(0)
+        self._batch_since = None
         self.may_find_more = True  # until a claim is made and says otherwise
         if self._guard.lost is not None:
             raise self._guard.lost

@@ -6,7 +6,9 @@ wait. Never more than ``pool_size`` runs are in flight, and nothing is
 claimed while full. A worker woken by notifications (`wakeup`) claims only
 when a claim may find something: its poll is due, a notification was for
 it, or its last claim was not made or came back full — a run that finishes
-is no reason to ask an empty queue again.
+is no reason to ask an empty queue again. A busy pool claims the runs left
+in the queue a few at a time: once a quarter of it is free, or 5 ms after
+its first slot freed (`Claimer.backlog_in`).
 
 The name is the recovery contract. A worker records its name on every run
 it claims and holds a database lock on it while it lives, so only one live
@@ -146,7 +148,7 @@ class Worker:
             for chore in self._chores:
                 chore.start(self._loops)
             if self._claimer.catching_up:
-                self._wait(self._turn())
+                self._turn()  # the loop's first turn follows at once, not a poll later
             self._presence.ready = True
             self._announce_ready(listening)
             try:
@@ -175,23 +177,29 @@ class Worker:
             self._wakeup.clear()
             self._pool.reap()
             word = self._wakeup.take_notified()
-            if self._turn_now(word is not None, next_turn):
+            backlog_in = self._claimer.backlog_in()
+            if self._turn_now(word is not None, next_turn, backlog_in):
                 idle, full = not self._pool.in_flight, self._pool.capacity <= 0
                 wait = self._turn()
                 if word is not None and self._to_pass_on(word, idle, full):
                     self._pass_on(word)
                 next_turn = time.monotonic() + wait
-            self._wait(max(0.0, next_turn - time.monotonic()))
+                backlog_in = None
+            wake_at = next_turn
+            if backlog_in is not None:
+                wake_at = min(next_turn, time.monotonic() + backlog_in)
+            self._wait(max(0.0, wake_at - time.monotonic()))
 
-    def _turn_now(self, notified, next_turn):
-        """Whether the loop claims now: always when it polls alone, else
-        when its poll is due, a notification was for it, its last claim may
-        have left runs (a turn that made none, the name lock regained), the
-        take-back of its parked runs is due, or its name was lost."""
+    def _turn_now(self, notified, next_turn, backlog_in):
+        """Whether the loop claims now: when its poll is due, a notification
+        was for it, the runs its last claim may have left are due
+        (`backlog_in`, `Claimer.backlog_in`), the take-back of its parked
+        runs is due, or its name was lost; polling alone, also whenever
+        something woke it, unless it waits for company for the runs left."""
         return (
-            not self._wakeup.listening
+            (not self._wakeup.listening and not backlog_in)
             or notified
-            or self._claimer.may_find_more
+            or backlog_in == 0
             or self._claimer.take_back_due
             or self._guard.lost is not None
             or time.monotonic() >= next_turn
