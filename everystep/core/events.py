@@ -228,21 +228,24 @@ def announce(event, fence=None, *, exc_info=None, **fields):
     `fence`, the run it is about, if any), then log it. Subscribers come
     first: an error reporter hooked to the logging (Sentry's integration)
     then recognizes the record's exception as already reported."""
+    handlers = _routes.get(event, ())
+    spec = EVENTS[event]
+    logged = logger.isEnabledFor(spec.level)
+    if not handlers and not logged:
+        return  # nobody wants it (a step's own events, mostly): its fields are not even gathered
     if fence is not None:
         fields = {**fence.fields(), **fields}
-    for handler in _routes.get(event, ()):
+    for handler in handlers:
         try:
             handler(fields)
         except Exception:  # noqa: BLE001 - a subscriber never fails a run
             logger.exception("an everystep event subscriber failed on %s", event)
-    spec = EVENTS[event]
-    level = spec.level
-    if logger.isEnabledFor(level):
+    if logged:
         extra = {
             "action": event,
             **{key: _plain(value) for key, value in fields.items() if key not in spec.hidden},
         }
-        logger.log(level, spec.message.format(**fields), exc_info=exc_info, extra=extra)
+        logger.log(spec.level, spec.message.format(**fields), exc_info=exc_info, extra=extra)
 
 
 def _plain(value):

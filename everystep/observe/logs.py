@@ -32,8 +32,23 @@ class TextFormatter(logging.Formatter):
         super().__init__(fmt, **kwargs)
 
     def formatTime(self, record, datefmt=None):  # noqa: N802 - logging's name
-        moment = datetime.datetime.fromtimestamp(record.created).astimezone()
+        moment = datetime.datetime.fromtimestamp(record.created, _host_zone(record.created))
         return moment.isoformat(timespec="milliseconds")
+
+
+_zone_of_minute = (None, None)  # (a minute since the epoch, the host's UTC offset in it)
+
+
+def _host_zone(timestamp):
+    """The host's zone (its UTC offset) at `timestamp`, looked up once a
+    minute, not once a line: an offset changes only at a minute's start."""
+    global _zone_of_minute
+    minute = int(timestamp // 60)
+    known, zone = _zone_of_minute
+    if known != minute:
+        zone = datetime.datetime.fromtimestamp(timestamp).astimezone().tzinfo
+        _zone_of_minute = (minute, zone)
+    return zone
 
 
 class JsonFormatter(_JsonFormatter):

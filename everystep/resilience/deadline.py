@@ -13,7 +13,6 @@ report query is not a silent database. A guard costs no round trip: a dict
 entry set and removed around the operation.
 """
 
-import itertools
 import logging
 import os
 import socket
@@ -25,8 +24,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_SECONDS = 10.0
 _CHECK_INTERVAL = 0.5
 
-_guards = {}  # token → (expires at, connection wrapper, what)
-_tokens = itertools.count()
+_guards = {}  # guard in force → (expires at, connection wrapper, what)
 _lock = threading.Lock()
 _watchdog = None
 seconds = DEFAULT_SECONDS  # the worker sets its own (--db-deadline)
@@ -36,26 +34,25 @@ class guard:
     """``with guard(wrapper, "claiming"):`` — give `wrapper`'s (a Django
     connection) socket up if the block takes longer than the deadline."""
 
-    __slots__ = ("wrapper", "what", "token")
+    __slots__ = ("wrapper", "what")
 
     def __init__(self, wrapper, what):
         self.wrapper = wrapper
         self.what = what
 
     def __enter__(self):
-        _ensure_watchdog()
-        self.token = next(_tokens)
-        _guards[self.token] = (time.monotonic() + seconds, self.wrapper, self.what)
+        if _watchdog is None:
+            _ensure_watchdog()
+        _guards[self] = (time.monotonic() + seconds, self.wrapper, self.what)
         return self
 
     def __exit__(self, *exc_info):
-        _guards.pop(self.token, None)
+        _guards.pop(self, None)
 
 
 def _ensure_watchdog():
+    """Start the watchdog thread, once (the caller saw none yet)."""
     global _watchdog
-    if _watchdog is not None:
-        return
     with _lock:
         if _watchdog is None:
             _watchdog = threading.Thread(target=_watch, name="everystep-deadline", daemon=True)
@@ -66,8 +63,8 @@ def _watch():
     while True:
         time.sleep(_CHECK_INTERVAL)
         now = time.monotonic()
-        for token, (expires, wrapper, what) in list(_guards.items()):
-            if now >= expires and _guards.pop(token, None) is not None:
+        for guarded, (expires, wrapper, what) in list(_guards.items()):
+            if now >= expires and _guards.pop(guarded, None) is not None:
                 logger.warning(
                     "the database did not answer within %.0fs while %s: giving the connection up",
                     seconds,
