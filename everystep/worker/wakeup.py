@@ -196,6 +196,13 @@ class Wakeup:
         loops.start("listener", self._listener.run)
         return True
 
+    def wait_listening(self, seconds):
+        """Wait up to `seconds` until the listener's first LISTEN is in
+        place (at once when there is no listener): a run scheduled before
+        it would not be notified, and one due later waits for a poll."""
+        if self._listener is not None:
+            self._listener.listening.wait(seconds)
+
     def stop(self):
         if self._listener is not None:
             self._listener.stop()
@@ -301,6 +308,8 @@ class Listener:
         self.on_notify = on_notify
         self.alias = alias
         self.on_ping = on_ping
+        #: Set once the first LISTEN is in place: from then on no run scheduled goes unnoticed.
+        self.listening = threading.Event()
         self._stop = threading.Event()
 
     def stop(self):
@@ -332,6 +341,7 @@ class Listener:
             # Cut off, the session would keep the notification queue's tail.
             timeouts.keep_own_session(wrapper)
             raw.execute(f"LISTEN {CHANNEL}")
+        self.listening.set()
         self._ping(wrapper, raw)
         self.on_notify()  # anything scheduled while not listening is claimed now
         next_ping = time.monotonic() + PING_INTERVAL
