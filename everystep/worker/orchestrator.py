@@ -151,7 +151,7 @@ class Worker:
                 self._turn()  # the loop's first turn follows at once, not a poll later
             # Ready means notified of what is scheduled from now on; a poll
             # finds it anyway, so no longer than one.
-            self._wakeup.wait_listening(self.options.poll)
+            self._wakeup.wait_listening(self.options.poll, self._shutdown.requested)
             self._presence.ready = True
             self._announce_ready(listening)
             try:

@@ -196,12 +196,17 @@ class Wakeup:
         loops.start("listener", self._listener.run)
         return True
 
-    def wait_listening(self, seconds):
+    def wait_listening(self, seconds, stopping):
         """Wait up to `seconds` until the listener's first LISTEN is in
-        place (at once when there is no listener): a run scheduled before
-        it would not be notified, and one due later waits for a poll."""
-        if self._listener is not None:
-            self._listener.listening.wait(seconds)
+        place (at once when there is no listener), or `stopping` (an
+        Event) is set: a run scheduled before it would not be notified,
+        and one due later would wait for a poll."""
+        if self._listener is None:
+            return
+        deadline = time.monotonic() + seconds
+        while not stopping.is_set() and time.monotonic() < deadline:
+            if self._listener.listening.wait(0.05):
+                return
 
     def stop(self):
         if self._listener is not None:
