@@ -93,6 +93,18 @@ def lost_worker(name):
     )
 
 
+def opened(gates, label):
+    """Open the gate `label` in `gates` (`tests.workflows.gate`)."""
+    (gates / f"{label}.go").write_text("")
+
+
+def started(gates, label):
+    """Wait until the gate's mark is written: not only its file made, which
+    a kill between the two would leave empty."""
+    mark = gates / f"{label}.started"
+    return wait_until(lambda: mark.exists() and mark.read_text(), message=f"gate {label} reached")
+
+
 def wait_until(condition, timeout=30.0, interval=0.02, message="condition"):
     """Poll `condition` until it returns a truthy value, which is returned;
     fail the test if `timeout` seconds pass first."""

@@ -19,7 +19,7 @@ from everystep import schedule
 from everystep.models import Step, Worker, Workflow
 from everystep.worker import wakeup
 from tests import workflows
-from tests.helpers import wait_until
+from tests.helpers import opened, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backends("postgres")]
 
@@ -245,8 +245,8 @@ def test_a_run_whose_two_responders_are_full_goes_to_a_peer_with_room(spawn_work
     # Passed on by the two full responders, each once, and by no one else.
     assert calls("SELECT pg_notify%") - notified_before <= 2
     for gate in gates:
-        (gate / "first.go").write_text("")
-        (gate / "second.go").write_text("")
+        opened(gate, "first")
+        opened(gate, "second")
     wait_until(
         lambda: Workflow.objects.filter(status="completed").count() == 4,
         timeout=60,

@@ -18,9 +18,8 @@ from everystep.db import reads
 from everystep.models import Workflow
 from everystep.observe import metrics
 from tests import workflows
-from tests.helpers import database_url, statuses, wait_until
+from tests.helpers import database_url, opened, started, statuses, wait_until
 from tests.prometheus import PrometheusServer, prometheus_server  # noqa: F401
-from tests.test_worker_shutdown import opened, started
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

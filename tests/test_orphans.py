@@ -23,9 +23,16 @@ from everystep.models import Step, Worker, Workflow
 from everystep.resilience import outage
 from everystep.worker import nameguard, orphans
 from tests import servers, workflows
-from tests.helpers import lost_worker, park, query_until_reachable, recorded_steps, wait_until
+from tests.helpers import (
+    lost_worker,
+    opened,
+    park,
+    query_until_reachable,
+    recorded_steps,
+    started,
+    wait_until,
+)
 from tests.test_metrics import get, metrics_worker, samples, value
-from tests.test_worker_shutdown import opened, started
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

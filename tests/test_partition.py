@@ -19,10 +19,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.helpers import driver_connection, wait_until
+from tests.helpers import driver_connection, opened, started, wait_until
 from tests.netns import Namespace, NamespacedServer
 from tests.plugin import current_backend
-from tests.test_worker_shutdown import opened, started
 from tests.workerproc import REPO, manage_py_environment, timed_wait
 
 pytestmark = pytest.mark.backends("postgres", "mariadb")

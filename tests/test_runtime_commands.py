@@ -11,8 +11,7 @@ import uuid
 import pytest
 
 from everystep.models import Step, Workflow
-from tests.helpers import wait_until
-from tests.test_worker_shutdown import opened, started
+from tests.helpers import opened, started, wait_until
 from tests.zipapp import one_line_error, run_pyz, workflow_environment
 
 pytestmark = pytest.mark.django_db(transaction=True)

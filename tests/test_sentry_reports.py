@@ -10,7 +10,7 @@ import sentry_sdk
 from everystep import schedule
 from tests import workflows
 from tests.fakesentry import describe, fake_sentry  # noqa: F401
-from tests.helpers import statuses, wait_until
+from tests.helpers import opened, statuses, wait_until
 from tests.workerproc import stop_embedded
 from tests.zipapp import workflow_environment
 
@@ -62,10 +62,6 @@ def gate_started(directory, label):
         60.0,
         message=f"gate {label} reached in {directory}",
     )
-
-
-def open_gate(directory, label):
-    (directory / f"{label}.go").write_text("")
 
 
 def reported_runs(events):
@@ -135,7 +131,7 @@ def test_stopped_completed_and_drained_runs_of_a_zipapp_worker_are_not_reported(
 
     worker.send(signal.SIGTERM)
     worker.wait_for_log("draining")
-    open_gate(boundary, "first")  # its next step boundary requeues it; the other waits
+    opened(boundary, "first")  # its next step boundary requeues it; the other waits
     assert worker.wait(60) == 0, worker.log()
 
     drained = [requeued_at_boundary, requeued_at_deadline]

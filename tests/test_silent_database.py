@@ -11,8 +11,7 @@ from django.db import connection
 from everystep import schedule
 from everystep.models import Step
 from tests import workflows
-from tests.helpers import database_url, park, statuses, wait_until
-from tests.test_worker_shutdown import opened, started
+from tests.helpers import database_url, opened, park, started, statuses, wait_until
 from tests.workerproc import timed_wait
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backends("postgres", "mariadb")]

@@ -13,8 +13,7 @@ import pytest
 from everystep import cancel, schedule
 from everystep.models import Step, Workflow
 from tests import workflows
-from tests.helpers import wait_until
-from tests.test_worker_shutdown import opened, started
+from tests.helpers import opened, started, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

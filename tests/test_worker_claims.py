@@ -20,7 +20,7 @@ from everystep.worker.claimer import BATCH_WINDOW, Claimer
 from everystep.worker.options import WorkerOptions
 from everystep.worker.pool import Pool
 from tests import workflows
-from tests.helpers import wait_until
+from tests.helpers import opened, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -114,7 +114,7 @@ def test_a_single_free_slot_still_claims_the_runs_left_long_before_the_poll(spaw
         message="the pool full of held runs",
     )
     quick = [schedule(workflows.quick, n).id for n in range(3)]
-    (tmp_path / "held-0.go").write_text("")  # one slot frees; seven runs stay held
+    opened(tmp_path, "held-0")  # one slot frees; seven runs stay held
     wait_until(
         lambda: Workflow.objects.filter(id__in=quick, status="completed").count() == 3,
         timeout=30,  # the poll is 60 s: only the claims of the runs left take them
@@ -122,7 +122,7 @@ def test_a_single_free_slot_still_claims_the_runs_left_long_before_the_poll(spaw
     )
     assert Workflow.objects.filter(status="running").count() == 7
     for n in range(1, 8):
-        (tmp_path / f"held-{n}.go").write_text("")
+        opened(tmp_path, f"held-{n}")
     worker.send(signal.SIGTERM)
     assert worker.wait() == 0, worker.log()
 

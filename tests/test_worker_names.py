@@ -8,8 +8,7 @@ import pytest
 from everystep import schedule
 from everystep.models import Step, Workflow
 from tests import workflows
-from tests.helpers import wait_until
-from tests.test_worker_shutdown import opened, started
+from tests.helpers import opened, started, wait_until
 from tests.workerproc import manage_py_environment, stop_embedded, timed_wait
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,8 +10,7 @@ from everystep.db import steps
 from everystep.engine import runner
 from everystep.models import Workflow
 from tests import workflows
-from tests.helpers import crash_at, sentry_events, wait_until
-from tests.test_worker_shutdown import opened, started
+from tests.helpers import crash_at, opened, sentry_events, started, wait_until
 from tests.workerproc import stop_embedded
 
 pytestmark = pytest.mark.django_db(transaction=True)

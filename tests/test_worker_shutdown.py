@@ -10,21 +10,10 @@ import pytest
 from everystep import schedule
 from everystep.models import Step, Workflow
 from tests import workflows
-from tests.helpers import wait_until
+from tests.helpers import opened, started, wait_until
 from tests.workerproc import timed_wait
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def opened(gates, label):
-    (gates / f"{label}.go").write_text("")
-
-
-def started(gates, label):
-    """Wait until the gate's mark is written: not only its file made, which
-    a kill between the two would leave empty."""
-    mark = gates / f"{label}.started"
-    return wait_until(lambda: mark.exists() and mark.read_text(), message=f"gate {label} reached")
 
 
 def test_sigterm_mid_step_records_the_step_requeues_the_run_and_another_name_completes_it(
